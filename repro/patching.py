@@ -1,0 +1,109 @@
+"""Python-only patch overlays on an installed vLLM (`--patch FILE`).
+
+The seed cross-verified fix PRs by hand-porting them onto one vLLM tree; `--patch` does the
+same to an engine environment's installed `vllm` package. Only diffs that touch `.py` files
+are accepted (compiled kernels cannot be patched in place), and a patch that does not apply
+is refused before anything is changed, naming the failing hunks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from repro.errors import PatchError
+
+_TARGET = re.compile(r"^\+\+\+ (?:b/)?(\S+)", re.M)
+_SOURCE = re.compile(r"^--- (?:a/)?(\S+)", re.M)
+_HUNK = re.compile(r"^@@ .* @@.*$", re.M)
+
+
+def sha256_of(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def targets(patch: Path) -> list[str]:
+    text = Path(patch).read_text(encoding="utf-8", errors="replace")
+    names = set(_TARGET.findall(text)) | set(_SOURCE.findall(text))
+    return sorted(n for n in names if n != "/dev/null")
+
+
+def check_python_only(patch: Path) -> None:
+    patch = Path(patch)
+    if not patch.is_file():
+        raise PatchError(f"patch file {patch} does not exist")
+    text = patch.read_text(encoding="utf-8", errors="replace")
+    if not _HUNK.search(text):
+        raise PatchError(
+            f"{patch} is not a unified diff (no '@@ … @@' hunk found); "
+            f"make one with `git diff` or `diff -u`"
+        )
+    files = targets(patch)
+    others = [f for f in files if not f.endswith(".py")]
+    if others:
+        raise PatchError(
+            f"{patch} touches non-Python files {others}; only Python-only diffs can be "
+            f"applied to an installed vLLM"
+        )
+    outside = [f for f in files if not f.startswith("vllm/")]
+    if outside:
+        raise PatchError(
+            f"{patch} touches files outside the vllm package {outside}; paths must look "
+            f"like a/vllm/... as in a vLLM pull request's diff"
+        )
+
+
+def apply_patch(patch: Path, site_packages: Path) -> dict[str, str]:
+    """Apply `patch` (paths a/vllm/...) inside `site_packages`; refuse it whole on failure."""
+    patch = Path(patch).resolve()
+    check_python_only(patch)
+    tool = shutil.which("patch")
+    if tool is None:
+        raise PatchError("the `patch` program is needed to apply --patch files; install it")
+    base = [tool, "-p1", "--forward", "--batch", "-d", str(site_packages), "-i", str(patch)]
+    dry = subprocess.run([*base, "--dry-run"], capture_output=True, text=True)
+    if dry.returncode != 0:
+        raise PatchError(_describe_failure(patch, dry.stdout + dry.stderr))
+    real = subprocess.run(base, capture_output=True, text=True)
+    if real.returncode != 0:
+        raise PatchError(_describe_failure(patch, real.stdout + real.stderr))
+    return {"path": patch.name, "sha256": sha256_of(patch)}
+
+
+def _describe_failure(patch: Path, output: str) -> str:
+    """Name each failing hunk with its file and header, from patch's own report."""
+    text = patch.read_text(encoding="utf-8", errors="replace")
+    failures = []
+    current = None
+    for line in output.splitlines():
+        m = re.match(r"(?:checking|patching) file (\S+)", line)
+        if m:
+            current = m.group(1)
+        m = re.match(r"Hunk #(\d+) FAILED at (\d+)", line)
+        if m:
+            number = int(m.group(1))
+            failures.append(f"{current}: hunk #{number} {_hunk_header(text, current, number)}")
+        if "can't find file" in line or "No file to patch" in line:
+            failures.append(f"{current or '?'}: file not found in the installed vLLM")
+        if "Reversed (or previously applied) patch detected" in line:
+            failures.append(f"{current}: already applied (or reversed)")
+    listed = "\n  ".join(failures) if failures else output.strip()[-2000:]
+    return (
+        f"patch {patch.name} does not apply to the installed vLLM:\n  {listed}\n"
+        f"port it to this vLLM release (or pick the release it was made for with --vllm)"
+    )
+
+
+def _hunk_header(text: str, filename: str | None, number: int) -> str:
+    if filename is None:
+        return ""
+    sections = re.split(r"^--- ", text, flags=re.M)
+    for section in sections:
+        if re.search(rf"^\+\+\+ (?:b/)?{re.escape(filename)}\s*$", section, re.M):
+            hunks = _HUNK.findall(section)
+            if 0 < number <= len(hunks):
+                return hunks[number - 1]
+    return ""

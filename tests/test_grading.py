@@ -1,0 +1,150 @@
+"""Grading: gates in upstream's order, margin-graded one-sided flips, both signals."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from repro import grading
+from repro.grading import Engagement, Liveness, RequestResult, Wave
+
+ENGAGED = Engagement(prefix_cache_queries=1000, prefix_cache_hits=500, spec_decode_num_drafts=80)
+LIVE = Liveness(prompt_tokens=896, hits=768, queries=896)
+
+
+def needle_wave(forward: int, reverse: int, agree: int = 10, name="wave2", **kw) -> Wave:
+    """`forward` requests the APC run missed and the control answered, `reverse` the opposite."""
+    requests = (
+        [RequestResult(0, 256, apc_miss=True, control_miss=False)] * forward
+        + [RequestResult(0, 256, apc_miss=False, control_miss=True)] * reverse
+        + [RequestResult(0, 256, apc_miss=False, control_miss=False)] * agree
+    )
+    requests = tuple(RequestResult(i, r.num_cached_tokens, None, r.apc_miss, r.control_miss)
+                     for i, r in enumerate(requests))
+    return Wave(name, requests, 1, 1, **kw)
+
+
+def logprob_wave(hit: list[float], cold: list[float], name="wave1") -> Wave:
+    requests = [RequestResult(0, 256, divergence=d) for d in hit]
+    requests += [RequestResult(0, 0, divergence=d) for d in cold]
+    return Wave(name, tuple(RequestResult(i, r.num_cached_tokens, r.divergence)
+                            for i, r in enumerate(requests)), 1, 1)
+
+
+def grade_needle(*waves, engagement=ENGAGED, liveness=LIVE):
+    return grading.grade(signal="needle", waves=list(waves), engagement=engagement,
+                         liveness=liveness)
+
+
+@given(reverse=st.integers(0, 10), excess=st.integers(0, grading.FLIP_MARGIN),
+       agree=st.integers(6, 20))
+def test_flips_within_margin_are_never_corrupted(reverse, excess, agree):
+    verdict = grade_needle(needle_wave(reverse + excess, reverse, agree=agree + 2 * reverse))
+    assert verdict.status == "clean", verdict.reason
+
+
+@given(reverse=st.integers(0, 5), excess=st.integers(grading.FLIP_MARGIN + 1, 16))
+def test_one_sided_flips_past_margin_are_always_corrupted(reverse, excess):
+    forward = reverse + excess
+    verdict = grade_needle(needle_wave(forward, reverse, agree=forward + reverse))
+    assert verdict.status == "corrupted"
+    assert f"{forward} forward flips vs {reverse} reverse" in verdict.reason
+
+
+def test_weak_control_is_inconclusive_before_corruption_is_looked_at():
+    # The control misses most answers: even a wave full of forward flips is no evidence.
+    wave = needle_wave(forward=0, reverse=12, agree=2)
+    verdict = grade_needle(wave)
+    assert (verdict.status, verdict.gate) == ("inconclusive", "control_quality")
+
+
+def test_engagement_gate_names_what_is_missing():
+    no_drafts = Engagement(prefix_cache_queries=10, prefix_cache_hits=5, spec_decode_num_drafts=0)
+    verdict = grade_needle(needle_wave(8, 0, agree=12), engagement=no_drafts)
+    assert (verdict.status, verdict.gate) == ("inconclusive", "engagement")
+    assert "zero speculative drafts" in verdict.reason
+    no_hits = Engagement(prefix_cache_queries=10, prefix_cache_hits=0, spec_decode_num_drafts=9)
+    verdict = grade_needle(needle_wave(0, 0), engagement=no_hits)
+    assert verdict.gate == "engagement" and "zero prefix-cache hits" in verdict.reason
+
+
+def test_liveness_only_blocks_a_clean_verdict():
+    dead = Liveness(prompt_tokens=896, hits=0, queries=896)
+    assert grade_needle(needle_wave(0, 0), liveness=dead).gate == "liveness"
+    # Corruption found is evidence even when the cache went quiet afterwards.
+    assert grade_needle(needle_wave(9, 0), liveness=dead).status == "corrupted"
+
+
+def test_cold_race_distinct_outputs_rule():
+    wave = Wave("wave1", tuple(RequestResult(i, 256, None, False, False) for i in range(16)),
+                apc_distinct_outputs=3, control_distinct_outputs=1, distinct_rule=True)
+    verdict = grade_needle(wave)
+    assert verdict.status == "corrupted"
+    assert "16 identical prompts gave 3 distinct outputs; control: 1" in verdict.reason
+    ok = Wave("wave1", wave.requests, apc_distinct_outputs=2, control_distinct_outputs=1,
+              distinct_rule=True)
+    assert grade_needle(ok).status == "clean"
+
+
+def test_ungraded_waves_do_not_count_as_corruption():
+    assert grade_needle(needle_wave(9, 0, graded=False), needle_wave(0, 0)).status == "clean"
+
+
+def grade_logprob(*waves, extra_noise=()):
+    return grading.grade(signal="logprob", waves=list(waves), engagement=ENGAGED,
+                         liveness=None, extra_noise=extra_noise)
+
+
+def test_logprob_clean_when_cache_hits_look_like_noise():
+    wave = logprob_wave(hit=[0.004, 0.01, 0.003, 0.02], cold=[0.005, 0.012, 0.002, 0.004])
+    verdict = grade_logprob(wave)
+    assert verdict.status == "clean"
+    # Noise floor: the 90th percentile (nearest rank) of the four cold divergences.
+    assert verdict.threshold.noise_floor == 0.012
+    assert verdict.threshold.value == max(grading.THRESHOLD_MIN, grading.NOISE_MULTIPLIER * 0.012)
+
+
+def test_one_benign_outlier_does_not_blind_the_logprob_signal():
+    cold = [0.008] * 30 + [0.016, 0.077]
+    verdict = grade_logprob(logprob_wave(hit=[0.2] * 10, cold=cold))
+    assert verdict.threshold.noise_floor == 0.008
+    assert verdict.status == "corrupted"
+
+
+def test_logprob_corrupted_when_only_cache_hits_diverge():
+    wave = logprob_wave(hit=[0.1, 0.12, 0.09, 0.2, 0.11], cold=[0.004, 0.003, 0.005, 0.004])
+    verdict = grade_logprob(wave)
+    assert verdict.status == "corrupted"
+    assert "5 forward flips vs 0 reverse" in verdict.reason
+
+
+def test_logprob_noise_in_both_groups_is_benign():
+    # Large divergences on both sides of the cache split: symmetric, so not corruption,
+    # and the threshold rises with the noise it is measured from.
+    wave = logprob_wave(hit=[0.015, 0.016, 0.014], cold=[0.015, 0.016, 0.014, 0.013])
+    assert grade_logprob(wave).status == "clean"
+
+
+def test_logprob_too_noisy_or_too_few_samples_is_control_quality():
+    noisy = logprob_wave(hit=[0.3], cold=[0.3, 0.2, 0.25, 0.04])
+    assert grade_logprob(noisy).gate == "control_quality"
+    sparse = logprob_wave(hit=[0.5, 0.5, 0.5], cold=[0.001])
+    verdict = grade_logprob(sparse)
+    assert verdict.gate == "control_quality" and "only 1 benign samples" in verdict.reason
+    # Benign samples measured beside the waves (the control's own spread) count.
+    assert grade_logprob(sparse, extra_noise=[0.001, 0.002, 0.001]).status == "corrupted"
+
+
+def test_divergence_uses_the_controls_greedy_token():
+    control = {5: -0.1, 7: -2.5}
+    assert abs(grading.divergence({5: -0.15, 7: -2.0}, control) - 0.05) < 1e-12
+    # The control's token missing from the APC run's top-k is the largest divergence.
+    assert grading.divergence({7: -0.1}, control) == grading.DIVERGENCE_CAP
+    assert grading.divergence({}, {}) == grading.DIVERGENCE_CAP
+
+
+def test_unknown_signal_is_refused():
+    import pytest
+
+    with pytest.raises(ValueError, match="expected 'needle' or 'logprob'"):
+        grading.grade(signal="vibes", waves=[], engagement=ENGAGED, liveness=None)

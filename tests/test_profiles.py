@@ -1,0 +1,66 @@
+"""Profiles carry upstream's engine settings; a profile without its hardware is refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from repro import preflight, profiles
+from repro.cli import _parse_overrides
+from repro.errors import HardwareUnavailable, ReproError
+
+H200 = {"name": "NVIDIA H200", "memory_bytes": 143771 << 20, "driver_version": "580.159.04",
+        "compute_capability": "9.0", "uuid_sha256": "0" * 64}
+
+
+def test_upstream_settings_on_every_profile():
+    for profile in profiles.PROFILES.values():
+        for apc in (True, False):
+            s = profile.engine_settings(arm="cold-race", prefix_caching=apc)
+            assert s["enable_prefix_caching"] is apc
+            assert s["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 2}
+            assert s["enforce_eager"] and s["enable_chunked_prefill"]
+            assert s["mamba_cache_mode"] == "align" and s["disable_log_stats"] is False
+            assert s["max_num_seqs"] == 8
+    nemotron = profiles.get_profile("nemotron-super")
+    assert nemotron.tensor_parallel_size == 4
+    assert nemotron.engine_settings(arm="cold-race", prefix_caching=True)[
+        "max_num_batched_tokens"] == 4096
+    assert nemotron.engine_settings(arm="cold-race", prefix_caching=True)["max_model_len"] == 10240
+    assert profiles.get_profile("qwen3.6-27b-fp8").arms == ("multi-turn",)
+
+
+def test_control_differs_only_in_prefix_caching():
+    for profile in profiles.PROFILES.values():
+        for arm in profiles.ARMS:
+            apc = profile.engine_settings(arm=arm, prefix_caching=True)
+            control = profile.engine_settings(arm=arm, prefix_caching=False)
+            assert {k for k in apc if apc[k] != control.get(k)} == {"enable_prefix_caching"}
+
+
+def test_override_replaces_and_null_removes():
+    tiny = profiles.TINY.with_overrides({"speculative_config": None, "max_num_seqs": 4})
+    settings = tiny.engine_settings(arm="multi-turn", prefix_caching=True)
+    assert "speculative_config" not in settings and settings["max_num_seqs"] == 4
+    assert _parse_overrides(["speculative_config=null", "dtype=bfloat16", "x=3"]) == {
+        "speculative_config": None, "dtype": "bfloat16", "x": 3}
+    with pytest.raises(ReproError, match="KEY=JSON"):
+        _parse_overrides(["nonsense"])
+
+
+def test_unknown_profile_lists_the_known_ones():
+    with pytest.raises(ValueError, match="nemotron-super, qwen3.6-27b-fp8, tiny"):
+        profiles.get_profile("llama")
+
+
+def test_gpu_profile_refused_without_gpus():
+    no_gpu = {"gpus": []}
+    with pytest.raises(HardwareUnavailable) as err:
+        preflight.check_hardware(profiles.get_profile("nemotron-super"), no_gpu)
+    assert "needs 4 GPU(s) with at least 140 GB" in str(err.value)
+    assert "found: no NVIDIA GPU" in str(err.value)
+    one = {"gpus": [H200]}
+    preflight.check_hardware(profiles.get_profile("qwen3.6-27b-fp8"), one)
+    with pytest.raises(HardwareUnavailable, match=r"found: NVIDIA H200 \(140 GiB\)"):
+        preflight.check_hardware(profiles.get_profile("nemotron-super"), one)
+    preflight.check_hardware(profiles.get_profile("nemotron-super"), {"gpus": [H200] * 4})
+    preflight.check_hardware(profiles.TINY, no_gpu)

@@ -1,0 +1,118 @@
+"""Both arms on the real vLLM CPU engine with the tiny model: clean, corrupted, inconclusive.
+
+These run `python -m repro run --profile tiny` in the engine environment, exactly as
+`nox -s repro-tiny` does, and check the artifacts it writes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from repro import evidence
+from repro.artifact import validate_artifact
+from repro.atomicio import sha256_file
+
+from .conftest import run_kit
+
+pytestmark = pytest.mark.engine
+
+ARMS = ("cold-race", "multi-turn")
+
+
+def load(out: Path, arm: str) -> dict:
+    doc = json.loads((out / f"{arm}.json").read_text())
+    validate_artifact(doc)
+    return doc
+
+
+def run_tiny(engine_python, out: Path, *args: str) -> dict[str, dict]:
+    proc = run_kit(engine_python, "run", "--profile", "tiny", "--out", str(out), *args)
+    arms = args[args.index("--arms") + 1 :] if "--arms" in args else ARMS
+    arms = [a for a in arms if not a.startswith("--")][: len(ARMS)]
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return {arm: load(out, arm) for arm in arms}
+
+
+@pytest.fixture(scope="module")
+def clean_run(engine_python, tmp_path_factory):
+    out = tmp_path_factory.mktemp("clean")
+    return out, run_tiny(engine_python, out)
+
+
+@pytest.fixture(scope="module")
+def fault_run(engine_python, tmp_path_factory):
+    out = tmp_path_factory.mktemp("fault")
+    return out, run_tiny(engine_python, out, "--inject-fault")
+
+
+@pytest.mark.parametrize("arm", ARMS)
+def test_default_run_is_clean_and_engaged(clean_run, arm):
+    out, docs = clean_run
+    doc = docs[arm]
+    assert doc["verdict"]["status"] == "clean", doc["verdict"]["reason"]
+    apc = doc["counters"]["apc"]
+    for counter in ("prefix_cache_queries", "prefix_cache_hits", "spec_decode_num_drafts"):
+        assert sum(wave[counter] for wave in apc.values()) > 0, counter
+    assert doc["fault_injection"] == {"enabled": False, "kind": None}
+    assert doc["engine"]["apc_run"]["enable_prefix_caching"] is True
+    assert doc["engine"]["control_run"]["enable_prefix_caching"] is False
+    assert doc["hardware"]["gpus"] == []
+    # The recorded figures alone give the recorded verdict.
+    regraded = evidence.regrade(doc)
+    assert (regraded.status, regraded.gate) == (doc["verdict"]["status"], doc["verdict"]["gate"])
+
+
+@pytest.mark.parametrize("arm", ARMS)
+def test_logs_are_kept_and_hashed(clean_run, arm):
+    out, docs = clean_run
+    (log,) = docs[arm]["logs"]
+    path = out / log["path"]
+    assert path.is_file() and path.stat().st_size == log["bytes"] > 0
+    assert sha256_file(path) == log["sha256"]
+    assert not list(out.glob(".*.partial.json"))
+
+
+@pytest.mark.parametrize("arm", ARMS)
+def test_injected_fault_is_detected(fault_run, arm):
+    _, docs = fault_run
+    doc = docs[arm]
+    assert doc["fault_injection"]["enabled"] is True
+    assert doc["fault_injection"]["kind"] == "restored-state-noise"
+    assert doc["fault_injection"]["applied"] > 0
+    assert doc["verdict"]["status"] == "corrupted", doc["verdict"]["reason"]
+    assert "forward flips" in doc["verdict"]["reason"]
+
+
+def test_no_drafts_is_inconclusive_engagement(engine_python, tmp_path):
+    docs = run_tiny(engine_python, tmp_path, "--arms", "cold-race",
+                    "--override", "speculative_config=null")
+    verdict = docs["cold-race"]["verdict"]
+    assert (verdict["status"], verdict["gate"]) == ("inconclusive", "engagement")
+    assert "zero speculative drafts" in verdict["reason"]
+
+
+def test_no_hits_is_inconclusive_engagement(engine_python, tmp_path):
+    # Without sub-block hit granularity, vLLM 0.32.0 drops the last block of every hit under
+    # MTP, so 1.35-block cold-race prompts never hit: caching is queried but never served.
+    docs = run_tiny(engine_python, tmp_path, "--arms", "cold-race",
+                    "--override", "prefix_match_unit=null")
+    doc = docs["cold-race"]
+    verdict = doc["verdict"]
+    assert (verdict["status"], verdict["gate"]) == ("inconclusive", "engagement")
+    assert "zero prefix-cache hits" in verdict["reason"]
+    assert sum(w["prefix_cache_queries"] for w in doc["counters"]["apc"].values()) > 0
+
+
+def test_killed_arm_leaves_an_error_record_with_its_log(engine_python, tmp_path):
+    proc = run_kit(engine_python, "run", "--profile", "tiny", "--out", str(tmp_path),
+                   "--arms", "cold-race", "--arm-timeout", "3")
+    assert proc.returncode == 1
+    doc = load(tmp_path, "cold-race")
+    assert doc["verdict"]["status"] == "error"
+    assert "timed out after 3 s" in doc["verdict"]["reason"]
+    assert doc["error"]["phase"] == "arm"
+    (log,) = doc["logs"]
+    assert (tmp_path / log["path"]).is_file()
