@@ -1,0 +1,354 @@
+"""The run artifact: validate it against its JSON Schema, keep secrets out, write it atomically.
+
+One artifact per arm. Its shape and the rules that tie its fields together (an ``error``
+record may be partial, only an ``inconclusive`` verdict names a gate, ...) live in
+``schemas/run-artifact.v1.schema.json``; this module only finds the schema, runs it with
+format checking on, and turns violations into one readable message.
+
+Where the schemas are found
+---------------------------
+The canonical files are in ``schemas/`` at the repository root (the project layout fixes
+that folder). A wheel ships the same files as ``repro/_schemas/``: ``pyproject.toml`` maps
+the package ``repro._schemas`` onto the ``schemas/`` folder, so there is one copy in the
+source tree and nothing to keep in sync. At run time ``schema_path`` looks in the installed
+package first and then in the checkout the package was imported from.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import ValidationError
+
+from repro.atomicio import write_json_atomic
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "ArtifactContainsSecrets",
+    "ArtifactInvalid",
+    "SchemaNotFound",
+    "load_schema",
+    "redact_env",
+    "scan_document",
+    "schema_path",
+    "secrets_scan",
+    "validate_artifact",
+    "write_artifact",
+]
+
+SCHEMA_VERSION = "1.0"
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+# Installed wheel first (repro._schemas exists only there), then the checkout's schemas/.
+_SCHEMA_DIRS = (_PACKAGE_DIR / "_schemas", _PACKAGE_DIR.parent / "schemas")
+
+
+class SchemaNotFound(FileNotFoundError):
+    """No schema file of the requested name and version exists where the kit looks."""
+
+
+class ArtifactInvalid(ValueError):
+    """A document does not satisfy the run-artifact schema. ``violations`` lists each one."""
+
+    def __init__(self, violations: list[str], schema_file: Path | None = None) -> None:
+        self.violations = violations
+        where = f" (schema: {schema_file})" if schema_file else ""
+        lines = "\n".join(f"  - {v}" for v in violations)
+        super().__init__(
+            f"run artifact is invalid: {len(violations)} violation(s){where}\n{lines}\n"
+            "Fix the code that assembled the document; an invalid artifact is never written."
+        )
+
+
+class ArtifactContainsSecrets(ValueError):
+    """A document holds something that looks like a credential; it is not written."""
+
+    def __init__(self, findings: list[str]) -> None:
+        self.findings = findings
+        lines = "\n".join(f"  - {f}" for f in findings)
+        super().__init__(
+            f"refusing to write the artifact: {len(findings)} value(s) look like secrets\n"
+            f"{lines}\n"
+            "Artifacts are shared in public issues. Drop the value at its source (environment "
+            "variables go through repro.artifact.redact_env) and write again."
+        )
+
+
+# --- schemas -------------------------------------------------------------------------------
+
+
+def schema_path(name: str = "run-artifact", version: int = 1) -> Path:
+    """Return the path of ``<name>.v<version>.schema.json``; raise ``SchemaNotFound``."""
+    file_name = f"{name}.v{version}.schema.json"
+    for directory in _SCHEMA_DIRS:
+        candidate = directory / file_name
+        if candidate.is_file():
+            return candidate
+    looked = ", ".join(str(d) for d in _SCHEMA_DIRS)
+    raise SchemaNotFound(
+        f"schema {file_name!r} not found; looked in: {looked}. Run the kit from its checkout "
+        "or install it as a package (pip install .), which ships schemas/ as repro/_schemas."
+    )
+
+
+def load_schema(name: str = "run-artifact", version: int = 1) -> dict[str, Any]:
+    """Return the parsed schema (a fresh copy each call; mutating it affects nothing else)."""
+    return json.loads(_schema_text(name, version))
+
+
+@functools.cache
+def _schema_text(name: str, version: int) -> str:
+    return schema_path(name, version).read_text(encoding="utf-8")
+
+
+@functools.cache
+def _validator(name: str, version: int) -> Draft202012Validator:
+    checker = Draft202012Validator.FORMAT_CHECKER
+    # jsonschema silently skips formats whose checker library is missing; for date-time that
+    # is rfc3339-validator, which the jsonschema[format-nongpl] extra installs.
+    if "date-time" not in checker.checkers:
+        raise RuntimeError(
+            "jsonschema cannot check the date-time format here, so timestamps would go "
+            "unchecked; install the extra: pip install 'jsonschema[format-nongpl]'"
+        )
+    schema = load_schema(name, version)
+    Draft202012Validator.check_schema(schema)
+    return Draft202012Validator(schema, format_checker=checker)
+
+
+# --- validation ----------------------------------------------------------------------------
+
+
+def validate_artifact(doc: Any) -> None:
+    """Raise ``ArtifactInvalid`` listing every violation of the run-artifact schema."""
+    validator = _validator("run-artifact", 1)
+    errors = sorted(validator.iter_errors(doc), key=lambda e: (e.json_path, e.message))
+    if errors:
+        raise ArtifactInvalid([_describe(e) for e in errors], schema_path("run-artifact", 1))
+
+
+def _describe(error: ValidationError) -> str:
+    """One line: where (JSON path), what was expected, what was found, and the rule's reason."""
+    path = error.json_path
+    kind = error.validator
+    value = error.validator_value
+    found = _show(error.instance)
+    if isinstance(error.instance, (list, Mapping)):
+        found = f"{_type_name(error.instance)} {found}"
+    schema = error.schema if isinstance(error.schema, Mapping) else {}
+    if "propertyNames" in error.absolute_schema_path:
+        found = f"property name {found}"
+
+    if kind == "required":
+        match = re.match(r"^'(.*)' is a required property$", error.message)
+        name = match.group(1) if match else error.message
+        line = f"{path}.{name}: required property is missing"
+    elif kind == "additionalProperties" and isinstance(error.instance, Mapping):
+        allowed = sorted(schema.get("properties", {}))
+        extra = sorted(k for k in error.instance if k not in allowed)
+        line = f"{path}: unexpected propert{'y' if len(extra) == 1 else 'ies'} {extra}; "
+        line += f"allowed: {allowed}"
+    elif kind == "type":
+        expected = " or ".join(value) if isinstance(value, list) else value
+        line = f"{path}: expected {expected}, found {found}"
+    elif kind == "const":
+        line = f"{path}: expected {_show(value)}, found {found}"
+    elif kind == "enum":
+        line = f"{path}: expected one of {_show(value)}, found {found}"
+    elif kind == "format":
+        line = f"{path}: expected a {value} string, found {found}"
+    elif kind == "pattern":
+        line = f"{path}: expected a string matching {value!r}, found {found}"
+    elif kind == "not":
+        line = f"{path}: expected a value not matching {_show(value)}, found {found}"
+    elif kind in _BOUNDS:
+        line = f"{path}: expected {_BOUNDS[kind]} {value}, found {found}"
+    else:
+        line = f"{path}: {error.message}"
+
+    # Conditional rules (if/then/else) carry a description saying why they exist.
+    if ("then" in error.absolute_schema_path or "else" in error.absolute_schema_path) and (
+        rule := schema.get("description")
+    ):
+        line += f" (rule: {rule})"
+    return line
+
+
+_BOUNDS = {
+    "minimum": "a number >=",
+    "maximum": "a number <=",
+    "exclusiveMinimum": "a number >",
+    "exclusiveMaximum": "a number <",
+    "minLength": "a string of length >=",
+    "maxLength": "a string of length <=",
+    "minItems": "an array of length >=",
+    "maxItems": "an array of length <=",
+    "minProperties": "an object with property count >=",
+}
+
+
+def _show(value: Any, limit: int = 80) -> str:
+    try:
+        text = json.dumps(value, ensure_ascii=False, sort_keys=True)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, Mapping):
+        return "object"
+    return type(value).__name__
+
+
+# --- secrets -------------------------------------------------------------------------------
+
+# Names of variables, keys and options whose value is a credential. Matched against the
+# name's components (split on '_' and '-'), so HF_TOKEN matches and TOKENIZERS_PARALLELISM or
+# max_num_batched_tokens do not.
+_SECRET_WORDS = frozenset(
+    {"token", "key", "apikey", "secret", "password", "passwd", "credential", "credentials"}
+)
+
+_SECRET_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("Hugging Face token", re.compile(r"hf_[A-Za-z0-9]{30,}")),
+    ("GitHub token", re.compile(r"\b(?:gh[pousr]|github_pat)_[A-Za-z0-9_]{30,}")),
+    ("AWS access key id", re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b")),
+    ("Authorization header", re.compile(r"(?i)\bauthorization\s*[:=]\s*\S+")),
+    ("Bearer credential", re.compile(r"(?i)\bbearer\s+[A-Za-z0-9._~+/=-]{8,}")),
+    ("private key", re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----")),
+)
+# NAME=value as in an environment dump or a keyword-argument repr.
+_ASSIGNMENT = re.compile(r"(?<![A-Za-z0-9_])([A-Za-z][A-Za-z0-9_]*)=(\S+)")
+# --hf-token=value or --hf-token value on a command line.
+_OPTION = re.compile(r"(?<![A-Za-z0-9-])--([A-Za-z0-9][A-Za-z0-9_-]*)(?:=|\s+)(\S+)")
+_OPTION_FLAG = re.compile(r"^--([A-Za-z0-9][A-Za-z0-9_-]*)$")
+# A value that names another variable instead of holding one ($HF_TOKEN, ${HF_TOKEN}).
+_REFERENCE = re.compile(r"^['\"]?\$\{?[A-Za-z_][A-Za-z0-9_]*\}?['\"]?$")
+
+
+def _is_secret_name(name: str) -> bool:
+    return any(part.lower() in _SECRET_WORDS for part in re.split(r"[_\-.]+", name) if part)
+
+
+def _mask(value: str) -> str:
+    return f"{value[:4]}… ({len(value)} chars)"
+
+
+def secrets_scan(text: str) -> list[str]:
+    """Return a description of each thing in ``text`` that looks like a credential.
+
+    The descriptions show only the first four characters of what matched, never the value.
+    """
+    findings: list[str] = []
+    for kind, pattern in _SECRET_PATTERNS:
+        for m in pattern.finditer(text):
+            findings.append(f"{kind} at offset {m.start()}: {_mask(m.group(0))}")
+    for regex, kind in ((_ASSIGNMENT, "variable"), (_OPTION, "option")):
+        for m in regex.finditer(text):
+            name, value = m.group(1), m.group(2)
+            if kind == "option" and value.startswith("-"):
+                continue  # the option has no value here; the next token is another option
+            if _is_secret_name(name) and not _REFERENCE.match(value):
+                findings.append(f"secret-named {kind} {name} at offset {m.start()}: {_mask(value)}")
+    return findings
+
+
+def scan_document(doc: Any) -> list[str]:
+    """Return secrets found anywhere in a JSON-like document, each with its JSON path.
+
+    Looks at every string, at every key whose name says it holds a credential (``HF_TOKEN``,
+    ``hf_token``; their non-empty string values are findings), and at argv-style lists where a
+    secret-named option (``--hf-token``) is followed by its value as the next item.
+    """
+    return [f"{path}: {finding}" for path, finding in _walk(doc, "$")]
+
+
+def _walk(node: Any, path: str) -> Iterator[tuple[str, str]]:
+    if isinstance(node, str):
+        for finding in secrets_scan(node):
+            yield path, finding
+    elif isinstance(node, Mapping):
+        for key, value in node.items():
+            child = f"{path}.{key}"
+            key = str(key)
+            yield from ((child, f) for f in secrets_scan(key))
+            if _is_secret_name(key) and isinstance(value, str) and value.strip():
+                if not _REFERENCE.match(value):
+                    yield child, f"secret-named key {key}: {_mask(value)}"
+            yield from _walk(value, child)
+    elif isinstance(node, (list, tuple)):
+        for i, item in enumerate(node):
+            yield from _walk(item, f"{path}[{i}]")
+        for i, (flag, value) in enumerate(zip(node, node[1:], strict=False)):
+            if isinstance(flag, str) and isinstance(value, str):
+                m = _OPTION_FLAG.match(flag)
+                if m and _is_secret_name(m.group(1)) and not value.startswith("-"):
+                    yield f"{path}[{i + 1}]", f"value of option {flag}: {_mask(value)}"
+
+
+# Engine-relevant environment variables that an artifact records.
+_ENV_PREFIXES = ("VLLM_", "REPRO_")
+_ENV_NAMES = frozenset(
+    {"HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"}
+)
+# Dropped even when allowlisted; a plain substring test, deliberately broader than the name
+# test secrets_scan uses (the schema refuses the same substrings in engine.environment).
+_ENV_DENY = ("TOKEN", "KEY", "SECRET", "PASSWORD")
+_ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
+
+
+def redact_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Keep only engine-relevant variables of ``env`` (default ``os.environ``), sorted by name.
+
+    Kept: names starting with ``VLLM_`` or ``REPRO_``, and ``HF_HUB_OFFLINE``,
+    ``TRANSFORMERS_OFFLINE``, ``CUDA_VISIBLE_DEVICES``, ``OMP_NUM_THREADS``. Dropped anyway:
+    any name containing TOKEN, KEY, SECRET or PASSWORD (case-insensitive), and names that
+    are not upper case, digits and underscores.
+    """
+    env = os.environ if env is None else env
+    kept = {}
+    for name, value in env.items():
+        if not (name.startswith(_ENV_PREFIXES) or name in _ENV_NAMES):
+            continue
+        if not _ENV_NAME.fullmatch(name):
+            continue  # the schema takes conventional names only (upper case, digits, '_')
+        if any(word in name.upper() for word in _ENV_DENY):
+            continue
+        kept[name] = str(value)
+    return dict(sorted(kept.items()))
+
+
+# --- writing -------------------------------------------------------------------------------
+
+
+def write_artifact(doc: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
+    """Validate ``doc``, refuse it if it holds secrets, then write it atomically as JSON.
+
+    Raises ``ArtifactInvalid`` or ``ArtifactContainsSecrets``; in both cases nothing is
+    written and an existing file at ``path`` is left as it was.
+    """
+    validate_artifact(doc)
+    findings = scan_document(doc)
+    if findings:
+        raise ArtifactContainsSecrets(findings)
+    write_json_atomic(path, doc)

@@ -1,0 +1,86 @@
+"""Atomic file writes and file hashing.
+
+A reader of a path written here sees either the old file or the complete new one, never a
+half-written file: the text goes to a temporary file in the same directory (so the rename
+cannot cross file systems), is flushed and fsync'd, and then replaces the target with
+``os.replace``, which is atomic on POSIX. On any failure the temporary file is removed and
+the old file, if there was one, is left as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+__all__ = ["sha256_file", "write_json_atomic", "write_text_atomic"]
+
+# Mode for a file that did not exist before. A rewritten file keeps its old mode instead.
+# mkstemp creates 0600 files; artifacts are meant to be read by others (bundles, reviewers).
+_NEW_FILE_MODE = 0o644
+_HASH_CHUNK = 1 << 20
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str, *, encoding: str = "utf-8") -> None:
+    """Write ``text`` to ``path`` atomically (temporary file, fsync, ``os.replace``).
+
+    The text is encoded before any file is created, so an unencodable string leaves no trace.
+    """
+    target = Path(path)
+    data = text.encode(encoding)
+    try:
+        mode = target.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        mode = _NEW_FILE_MODE
+    fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as tmp:
+            os.fchmod(tmp.fileno(), mode)
+            tmp.write(data)
+            tmp.flush()
+            os.fsync(tmp.fileno())
+        os.replace(tmp_name, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp_name)
+        raise
+    _fsync_dir(target.parent)
+
+
+def write_json_atomic(
+    path: str | os.PathLike[str], obj: Any, *, indent: int | None = 2, sort_keys: bool = False
+) -> None:
+    """Serialize ``obj`` as JSON and write it to ``path`` atomically.
+
+    Serialization happens first: an object that cannot be serialized (a set, NaN, infinity,
+    which are not JSON) raises before the target is touched. The file ends with a newline.
+    """
+    text = json.dumps(obj, indent=indent, sort_keys=sort_keys, ensure_ascii=False, allow_nan=False)
+    write_text_atomic(path, text + "\n")
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    """Return the hex sha256 of the file at ``path``, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make the rename durable. Best effort: some file systems refuse to fsync a directory."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
