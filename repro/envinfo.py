@@ -63,7 +63,6 @@ _GPU_FIELDS = ("name", "memory.total", "driver_version", "uuid", "compute_cap")
 _SMI_TIMEOUT_S = 60
 _GIT_TIMEOUT_S = 30
 # Files a container runtime leaves in the root file system (Docker, Podman).
-_CONTAINER_MARKERS = (Path("/.dockerenv"), Path("/run/.containerenv"))
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
 
@@ -385,13 +384,13 @@ def _git_state(repo: Path) -> tuple[str | None, bool | None]:
 
 
 def run_location(image: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Return ``run.location``: ``kind`` is ``container`` when a container runtime's marker
-    file exists (``/.dockerenv``, ``/run/.containerenv``) or ``REPRO_IN_CONTAINER=1``; the host
-    name is recorded only as its sha256. ``image`` (id and labels) is the caller's to give:
-    a process inside a container cannot see its own image id."""
-    in_container = os.environ.get("REPRO_IN_CONTAINER") == "1" or any(
-        marker.exists() for marker in _CONTAINER_MARKERS
-    )
+    """Return ``run.location``: ``kind`` is ``container`` when the kit runs in one of its own
+    images (they set ``REPRO_IN_CONTAINER=1``). Marker files such as ``/.dockerenv`` are not
+    used: a lab's (or CI's) whole machine may itself be a container, and that is not the
+    pinned-image run this field reports. The host name is recorded only as its sha256.
+    ``image`` (id and labels) is the caller's to give: a process inside a container cannot
+    see its own image id."""
+    in_container = os.environ.get("REPRO_IN_CONTAINER") == "1"
     return {
         "kind": "container" if in_container else "host",
         "hostname_sha256": _sha256_text(socket.gethostname()),

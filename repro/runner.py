@@ -72,7 +72,7 @@ def run_profile(
         context = {
             "run_id": f"{run_id}-{arm}",
             "started_at": utc_now(),
-            "command": command or sys.argv,
+            "command": command or ["python", "-m", "repro", *sys.argv[1:]],
             "kit": envinfo.collect_kit(os.environ.get("REPRO_KIT_CHECKOUT")),
             "profile": profile.name,
             "model_path": model_path,
