@@ -1,9 +1,9 @@
 """Sessions of the kit. Each is a few lines: the `repro` package decides, nox orchestrates.
 
-  nox -s repro-tiny              both arms on vLLM's CPU build with the tiny model (default)
-  nox -s repro-tiny -- --out DIR --inject-fault --vllm 0.32.0 --patch FILE
-  nox -s tests                   the test suite (unit + real-engine integration tests)
-  nox -s lint                    ruff
+nox -s repro-tiny              both arms on vLLM's CPU build with the tiny model (default)
+nox -s repro-tiny -- --out DIR --inject-fault --vllm 0.32.0 --patch FILE
+nox -s tests                   the test suite (unit + real-engine integration tests)
+nox -s lint                    ruff
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ def tests(session: nox.Session) -> None:
     """Unit tests, then integration tests against the real vLLM CPU engine."""
     session.install("-e", ".[test]")
     # The engine environment the integration tests run in (same one repro-tiny uses).
-    engine_python = session.run(
-        "python", "-m", "repro", "engine-env", silent=True
-    ).strip().splitlines()[-1]
+    engine_python = (
+        session.run("python", "-m", "repro", "engine-env", silent=True).strip().splitlines()[-1]
+    )
     session.env["REPRO_ENGINE_PYTHON"] = engine_python
     session.run("pytest", *(session.posargs or ["-ra", "tests"]))
 

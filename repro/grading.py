@@ -179,15 +179,16 @@ def grade_wave(wave: Wave, signal: str, threshold: Threshold | None) -> WaveGrad
         flagged = tuple(
             r.divergence is not None and r.divergence > threshold.value for r in wave.requests
         )
-        forward = sum(1 for r, f in zip(wave.requests, flagged) if f and r.read_cache)
-        reverse = sum(1 for r, f in zip(wave.requests, flagged) if f and not r.read_cache)
+        forward = sum(1 for r, f in zip(wave.requests, flagged, strict=False) if f and r.read_cache)
+        reverse = sum(
+            1 for r, f in zip(wave.requests, flagged, strict=False) if f and not r.read_cache
+        )
         apc_misses = control_misses = None
 
     violations = []
     if wave.graded and forward > reverse + FLIP_MARGIN:
         violations.append(
-            f"{wave.name}: {forward} forward flips vs {reverse} reverse "
-            f"(margin {FLIP_MARGIN})"
+            f"{wave.name}: {forward} forward flips vs {reverse} reverse (margin {FLIP_MARGIN})"
         )
     if wave.graded and wave.distinct_rule and signal == "needle":
         if wave.apc_distinct_outputs > wave.control_distinct_outputs + DISTINCT_MARGIN:
@@ -298,7 +299,7 @@ def grade(
 
     summary = ", ".join(
         f"{g.name} {g.forward_flips} forward / {g.reverse_flips} reverse"
-        for g, w in zip(wave_grades, waves)
+        for g, w in zip(wave_grades, waves, strict=False)
         if w.graded
     )
     detail = (

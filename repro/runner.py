@@ -114,7 +114,11 @@ def _run_arm_child(
     timed_out = False
     with open(log_path, "w", encoding="utf-8") as log:
         proc = subprocess.Popen(
-            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            cmd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
             errors="replace",
         )
         pump = threading.Thread(target=_tee, args=(proc.stdout, log), daemon=True)
@@ -137,8 +141,9 @@ def _run_arm_child(
             else f"exited with status {returncode} before writing its record"
         )
         doc = _crash_document(arm, context, reason, log_path)
-    doc["logs"] = [{"path": log_rel, "bytes": log_path.stat().st_size,
-                    "sha256": sha256_file(log_path)}]
+    doc["logs"] = [
+        {"path": log_rel, "bytes": log_path.stat().st_size, "sha256": sha256_file(log_path)}
+    ]
     doc["run"]["duration_s"] = round(max(doc["run"]["duration_s"], elapsed), 3)
     target = out_dir / f"{arm}.json"
     write_artifact(doc, target)
@@ -248,9 +253,7 @@ def run_arm_in_this_process(arm: str, out_dir: Path) -> int:
             liveness=result.liveness,
             extra_noise=result.extra_noise,
         )
-        evidence.fill_result(
-            doc, result, verdict, context=facts, overrides=context["overrides"]
-        )
+        evidence.fill_result(doc, result, verdict, context=facts, overrides=context["overrides"])
         doc["run"]["phases_s"] = {k: round(v, 3) for k, v in timer.seconds.items()}
         _check_fault_active(doc)
     except NotEvidence as exc:
@@ -275,9 +278,11 @@ def run_arm_in_this_process(arm: str, out_dir: Path) -> int:
     # the arm's own log, next to the figures that produced it.
     validate_artifact({**doc, "logs": [{"path": "pending", "bytes": 0, "sha256": "0" * 64}]})
     write_json_atomic(out_dir / f".{arm}.partial.json", doc)
-    print(f"[repro] {arm}: {doc['verdict']['status']}"
-          f"{' (' + doc['verdict']['gate'] + ')' if doc['verdict']['gate'] else ''}"
-          f" - {doc['verdict']['reason']}")
+    print(
+        f"[repro] {arm}: {doc['verdict']['status']}"
+        f"{' (' + doc['verdict']['gate'] + ')' if doc['verdict']['gate'] else ''}"
+        f" - {doc['verdict']['reason']}"
+    )
     return 0
 
 

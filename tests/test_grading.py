@@ -19,25 +19,33 @@ def needle_wave(forward: int, reverse: int, agree: int = 10, name="wave2", **kw)
         + [RequestResult(0, 256, apc_miss=False, control_miss=True)] * reverse
         + [RequestResult(0, 256, apc_miss=False, control_miss=False)] * agree
     )
-    requests = tuple(RequestResult(i, r.num_cached_tokens, None, r.apc_miss, r.control_miss)
-                     for i, r in enumerate(requests))
+    requests = tuple(
+        RequestResult(i, r.num_cached_tokens, None, r.apc_miss, r.control_miss)
+        for i, r in enumerate(requests)
+    )
     return Wave(name, requests, 1, 1, **kw)
 
 
 def logprob_wave(hit: list[float], cold: list[float], name="wave1") -> Wave:
     requests = [RequestResult(0, 256, divergence=d) for d in hit]
     requests += [RequestResult(0, 0, divergence=d) for d in cold]
-    return Wave(name, tuple(RequestResult(i, r.num_cached_tokens, r.divergence)
-                            for i, r in enumerate(requests)), 1, 1)
+    return Wave(
+        name,
+        tuple(RequestResult(i, r.num_cached_tokens, r.divergence) for i, r in enumerate(requests)),
+        1,
+        1,
+    )
 
 
 def grade_needle(*waves, engagement=ENGAGED, liveness=LIVE):
-    return grading.grade(signal="needle", waves=list(waves), engagement=engagement,
-                         liveness=liveness)
+    return grading.grade(
+        signal="needle", waves=list(waves), engagement=engagement, liveness=liveness
+    )
 
 
-@given(reverse=st.integers(0, 10), excess=st.integers(0, grading.FLIP_MARGIN),
-       agree=st.integers(6, 20))
+@given(
+    reverse=st.integers(0, 10), excess=st.integers(0, grading.FLIP_MARGIN), agree=st.integers(6, 20)
+)
 def test_flips_within_margin_are_never_corrupted(reverse, excess, agree):
     verdict = grade_needle(needle_wave(reverse + excess, reverse, agree=agree + 2 * reverse))
     assert verdict.status == "clean", verdict.reason
@@ -76,13 +84,23 @@ def test_liveness_only_blocks_a_clean_verdict():
 
 
 def test_cold_race_distinct_outputs_rule():
-    wave = Wave("wave1", tuple(RequestResult(i, 256, None, False, False) for i in range(16)),
-                apc_distinct_outputs=3, control_distinct_outputs=1, distinct_rule=True)
+    wave = Wave(
+        "wave1",
+        tuple(RequestResult(i, 256, None, False, False) for i in range(16)),
+        apc_distinct_outputs=3,
+        control_distinct_outputs=1,
+        distinct_rule=True,
+    )
     verdict = grade_needle(wave)
     assert verdict.status == "corrupted"
     assert "16 identical prompts gave 3 distinct outputs; control: 1" in verdict.reason
-    ok = Wave("wave1", wave.requests, apc_distinct_outputs=2, control_distinct_outputs=1,
-              distinct_rule=True)
+    ok = Wave(
+        "wave1",
+        wave.requests,
+        apc_distinct_outputs=2,
+        control_distinct_outputs=1,
+        distinct_rule=True,
+    )
     assert grade_needle(ok).status == "clean"
 
 
@@ -91,8 +109,13 @@ def test_ungraded_waves_do_not_count_as_corruption():
 
 
 def grade_logprob(*waves, extra_noise=()):
-    return grading.grade(signal="logprob", waves=list(waves), engagement=ENGAGED,
-                         liveness=None, extra_noise=extra_noise)
+    return grading.grade(
+        signal="logprob",
+        waves=list(waves),
+        engagement=ENGAGED,
+        liveness=None,
+        extra_noise=extra_noise,
+    )
 
 
 def test_logprob_clean_when_cache_hits_look_like_noise():

@@ -8,8 +8,13 @@ from repro import preflight, profiles
 from repro.cli import _parse_overrides
 from repro.errors import HardwareUnavailable, ReproError
 
-H200 = {"name": "NVIDIA H200", "memory_bytes": 143771 << 20, "driver_version": "580.159.04",
-        "compute_capability": "9.0", "uuid_sha256": "0" * 64}
+H200 = {
+    "name": "NVIDIA H200",
+    "memory_bytes": 143771 << 20,
+    "driver_version": "580.159.04",
+    "compute_capability": "9.0",
+    "uuid_sha256": "0" * 64,
+}
 
 
 def test_upstream_settings_on_every_profile():
@@ -23,8 +28,10 @@ def test_upstream_settings_on_every_profile():
             assert s["max_num_seqs"] == 8
     nemotron = profiles.get_profile("nemotron-super")
     assert nemotron.tensor_parallel_size == 4
-    assert nemotron.engine_settings(arm="cold-race", prefix_caching=True)[
-        "max_num_batched_tokens"] == 4096
+    assert (
+        nemotron.engine_settings(arm="cold-race", prefix_caching=True)["max_num_batched_tokens"]
+        == 4096
+    )
     assert nemotron.engine_settings(arm="cold-race", prefix_caching=True)["max_model_len"] == 10240
     assert profiles.get_profile("qwen3.6-27b-fp8").arms == ("multi-turn",)
 
@@ -42,7 +49,10 @@ def test_override_replaces_and_null_removes():
     settings = tiny.engine_settings(arm="multi-turn", prefix_caching=True)
     assert "speculative_config" not in settings and settings["max_num_seqs"] == 4
     assert _parse_overrides(["speculative_config=null", "dtype=bfloat16", "x=3"]) == {
-        "speculative_config": None, "dtype": "bfloat16", "x": 3}
+        "speculative_config": None,
+        "dtype": "bfloat16",
+        "x": 3,
+    }
     with pytest.raises(ReproError, match="KEY=JSON"):
         _parse_overrides(["nonsense"])
 

@@ -87,8 +87,9 @@ def test_injected_fault_is_detected(fault_run, arm):
 
 
 def test_no_drafts_is_inconclusive_engagement(engine_python, tmp_path):
-    docs = run_tiny(engine_python, tmp_path, "--arms", "cold-race",
-                    "--override", "speculative_config=null")
+    docs = run_tiny(
+        engine_python, tmp_path, "--arms", "cold-race", "--override", "speculative_config=null"
+    )
     verdict = docs["cold-race"]["verdict"]
     assert (verdict["status"], verdict["gate"]) == ("inconclusive", "engagement")
     assert "zero speculative drafts" in verdict["reason"]
@@ -97,8 +98,9 @@ def test_no_drafts_is_inconclusive_engagement(engine_python, tmp_path):
 def test_no_hits_is_inconclusive_engagement(engine_python, tmp_path):
     # Without sub-block hit granularity, vLLM 0.32.0 drops the last block of every hit under
     # MTP, so 1.35-block cold-race prompts never hit: caching is queried but never served.
-    docs = run_tiny(engine_python, tmp_path, "--arms", "cold-race",
-                    "--override", "prefix_match_unit=null")
+    docs = run_tiny(
+        engine_python, tmp_path, "--arms", "cold-race", "--override", "prefix_match_unit=null"
+    )
     doc = docs["cold-race"]
     verdict = doc["verdict"]
     assert (verdict["status"], verdict["gate"]) == ("inconclusive", "engagement")
@@ -107,8 +109,18 @@ def test_no_hits_is_inconclusive_engagement(engine_python, tmp_path):
 
 
 def test_killed_arm_leaves_an_error_record_with_its_log(engine_python, tmp_path):
-    proc = run_kit(engine_python, "run", "--profile", "tiny", "--out", str(tmp_path),
-                   "--arms", "cold-race", "--arm-timeout", "3")
+    proc = run_kit(
+        engine_python,
+        "run",
+        "--profile",
+        "tiny",
+        "--out",
+        str(tmp_path),
+        "--arms",
+        "cold-race",
+        "--arm-timeout",
+        "3",
+    )
     assert proc.returncode == 1
     doc = load(tmp_path, "cold-race")
     assert doc["verdict"]["status"] == "error"

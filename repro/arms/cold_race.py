@@ -60,19 +60,17 @@ def run_cold_race(profile: Profile, model_path: str, timer: PhaseTimer | None = 
                 ignore_eos=profile.ignore_eos,
             )
         apc = record(engine)
-        with timer.phase("generate"):
-            apc_w1, apc.counters["wave1"] = run_wave(engine, wave1, sampling)
-            apc_w2, apc.counters["wave2"] = run_wave(engine, wave2, sampling)
-            # Twice, one after the other: the second send must be served from the cache.
-            run_wave(engine, [probe.prompt(0)], sampling)
-            _, apc.counters["liveness"] = run_wave(engine, [probe.prompt(0)], sampling)
+        apc_w1, apc.counters["wave1"] = run_wave(engine, wave1, sampling, timer)
+        apc_w2, apc.counters["wave2"] = run_wave(engine, wave2, sampling, timer)
+        # Twice, one after the other: the second send must be served from the cache.
+        run_wave(engine, [probe.prompt(0)], sampling, timer)
+        _, apc.counters["liveness"] = run_wave(engine, [probe.prompt(0)], sampling, timer)
 
     with start_engine(profile, model_path, arm=arm, prefix_caching=False) as engine:
         timer.add("boot", engine.boot_seconds)
         control = record(engine)
-        with timer.phase("generate"):
-            ctl_w1, control.counters["wave1"] = run_wave(engine, wave1, sampling)
-            ctl_w2, control.counters["wave2"] = run_wave(engine, wave2, sampling)
+        ctl_w1, control.counters["wave1"] = run_wave(engine, wave1, sampling, timer)
+        ctl_w2, control.counters["wave2"] = run_wave(engine, wave2, sampling, timer)
 
     codes_w1 = [haystack.codes[0]] * len(wave1) if profile.signal == "needle" else None
     codes_w2 = list(haystack.codes) if profile.signal == "needle" else None

@@ -65,11 +65,17 @@ def start_engine(profile: Profile, model_path: str, *, arm: str, prefix_caching:
     )
 
 
-def run_wave(engine: Engine, batch: list, sampling) -> tuple[list[Completion], Counters]:
+def run_wave(
+    engine: Engine, batch: list, sampling, timer: PhaseTimer
+) -> tuple[list[Completion], Counters]:
     """Generate one wave and return its completions and settled counter deltas."""
-    before = engine.counters()
-    completions = engine.generate(batch, sampling)
-    return completions, engine.counters() - before
+    with timer.phase("counters"):
+        before = engine.counters()
+    with timer.phase("generate"):
+        completions = engine.generate(batch, sampling)
+    with timer.phase("counters"):
+        after = engine.counters()
+    return completions, after - before
 
 
 def record(engine: Engine) -> RunRecord:

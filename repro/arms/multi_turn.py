@@ -47,7 +47,7 @@ def run_multi_turn(profile: Profile, model_path: str, timer: PhaseTimer | None =
                 haystacks.append(haystack)
             # Each prompt asks about one of its haystack's vaults, alternating.
             vaults = [i % geometry.MULTI_TURN_VAULTS for i in range(len(haystacks))]
-            wave1 = [h.prompt(v) for h, v in zip(haystacks, vaults)]
+            wave1 = [h.prompt(v) for h, v in zip(haystacks, vaults, strict=False)]
             follow_up_ids = _encode(engine, "\n" + prompts.FOLLOW_UP + "\nAnswer:")
             turn_one = Sampling(
                 max_tokens=sizes.decode_tokens,
@@ -61,26 +61,24 @@ def run_multi_turn(profile: Profile, model_path: str, timer: PhaseTimer | None =
                 ignore_eos=profile.ignore_eos,
             )
         apc = record(engine)
-        with timer.phase("generate"):
-            apc_w1, apc.counters["wave1"] = run_wave(engine, wave1, turn_one)
-            # Exact token ids of turn 1 (prompt + output), so turn 2's prefix matches the
-            # blocks that were cached during decode; re-tokenized text might not.
-            wave2 = [
-                list(c.prompt_token_ids) + list(c.token_ids) + follow_up_ids for c in apc_w1
-            ]
-            apc_w2, apc.counters["wave2"] = run_wave(engine, wave2, turn_two)
+        apc_w1, apc.counters["wave1"] = run_wave(engine, wave1, turn_one, timer)
+        # Exact token ids of turn 1 (prompt + output), so turn 2's prefix matches the
+        # blocks that were cached during decode; re-tokenized text might not.
+        wave2 = [list(c.prompt_token_ids) + list(c.token_ids) + follow_up_ids for c in apc_w1]
+        apc_w2, apc.counters["wave2"] = run_wave(engine, wave2, turn_two, timer)
 
     with start_engine(profile, model_path, arm=arm, prefix_caching=False) as engine:
         timer.add("boot", engine.boot_seconds)
         control = record(engine)
-        with timer.phase("generate"):
-            ctl_w1, control.counters["wave1"] = run_wave(engine, wave1, turn_one)
-            # The control answers the APC run's own transcripts: identical inputs, so any
-            # difference comes from reading cached state rather than recomputing it.
-            ctl_w2, control.counters["wave2"] = run_wave(engine, wave2, turn_two)
+        ctl_w1, control.counters["wave1"] = run_wave(engine, wave1, turn_one, timer)
+        # The control answers the APC run's own transcripts: identical inputs, so any
+        # difference comes from reading cached state rather than recomputing it.
+        ctl_w2, control.counters["wave2"] = run_wave(engine, wave2, turn_two, timer)
 
     codes = (
-        [h.codes[v] for h, v in zip(haystacks, vaults)] if profile.signal == "needle" else None
+        [h.codes[v] for h, v in zip(haystacks, vaults, strict=False)]
+        if profile.signal == "needle"
+        else None
     )
     waves = [
         # Turn 1 reads no decode-written blocks; it is recorded (its cold requests give the
