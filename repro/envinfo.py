@@ -61,6 +61,7 @@ KIT_NAME = "repro-kit"
 # drivers reject the whole query, so it is retried without that field.
 _GPU_FIELDS = ("name", "memory.total", "driver_version", "uuid", "compute_cap")
 _SMI_TIMEOUT_S = 60
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _GIT_TIMEOUT_S = 30
 # Files a container runtime leaves in the root file system (Docker, Podman).
 _PACKAGE_DIR = Path(__file__).resolve().parent
@@ -170,6 +171,8 @@ def _smi_topology(smi: str) -> str | None:
     out = _run_smi(smi, "topo", "-m")
     if out is None:
         return None
+    # nvidia-smi underlines the header with terminal escapes even when not on a terminal.
+    out = _ANSI_ESCAPE.sub("", out)
     text = "\n".join(line.rstrip() for line in out.strip("\n").splitlines())
     return text or None
 

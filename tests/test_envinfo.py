@@ -7,6 +7,7 @@ import hashlib
 import importlib
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -299,3 +300,18 @@ def test_run_location_host_and_container(tmp_path, monkeypatch):
     doc["run"]["location"] = envinfo.run_location(image=image)
     validate_artifact(doc)
     assert socket.gethostname() not in json.dumps(doc["run"]["location"])
+
+
+def test_hardware_collected_on_an_h200_validates():
+    """The hardware section the kit collected on a real NVIDIA H200 (fixture, see its
+    `_collected` note) fits the schema and names the GPU, driver, CUDA and topology."""
+    fixture = json.loads((Path(__file__).parent / "fixtures" / "h200-envinfo.json").read_text())
+    hardware = fixture["hardware"]
+    (gpu,) = hardware["gpus"]
+    assert gpu["name"] == "NVIDIA H200" and gpu["compute_capability"] == "9.0"
+    assert re.fullmatch(r"[0-9a-f]{64}", gpu["uuid_sha256"])
+    assert hardware["cuda_version"] and "GPU0" in hardware["topology"]
+    assert "\x1b" not in hardware["topology"]
+    doc = example()
+    doc["hardware"] = hardware
+    validate_artifact(doc)
