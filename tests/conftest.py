@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,8 @@ def engine_python() -> str:
     (REPRO_REQUIRE_ENGINE=1) a missing engine is a failure, never a silent skip.
     """
     python = os.environ.get("REPRO_ENGINE_PYTHON")
+    if not python and importlib.util.find_spec("vllm") is not None:
+        python = sys.executable
     if not python:
         if os.environ.get("REPRO_REQUIRE_ENGINE") == "1":
             pytest.fail("REPRO_ENGINE_PYTHON is not set but the engine tests are required")
