@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run a profile's arms in this environment")
     run.add_argument("--profile", default="tiny")
     run.add_argument("--model-path", help="local model directory (default: the profile's)")
+    run.add_argument(
+        "--device", choices=["cpu", "cuda"], help="run the tiny profile on another device"
+    )
     _add_run_options(run)
 
     arm = sub.add_parser("arm", help=argparse.SUPPRESS)
@@ -137,6 +140,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from repro.profiles import get_profile
 
     profile = get_profile(args.profile)
+    if args.device:
+        profile = profile.for_device(args.device)
     preflight.check_hardware(profile, envinfo.collect_hardware())
     if args.model_path:
         model_path = str(Path(args.model_path).resolve())

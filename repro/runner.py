@@ -75,6 +75,7 @@ def run_profile(
             "command": command or ["python", "-m", "repro", *sys.argv[1:]],
             "kit": envinfo.collect_kit(os.environ.get("REPRO_KIT_CHECKOUT")),
             "profile": profile.name,
+            "device": profile.device,
             "model_path": model_path,
             "overrides": overrides,
             "fault_kind": fault_kind,
@@ -161,7 +162,7 @@ def _tee(stream, log) -> None:
 
 
 def _crash_document(arm: str, context: dict[str, Any], reason: str, log_path: Path) -> dict:
-    profile = get_profile(context["profile"])
+    profile = _profile(context)
     doc = evidence.base_document(
         arm=arm,
         context=_facts(context),
@@ -190,6 +191,10 @@ def _tail(path: Path, lines: int = 15) -> str:
     except OSError:
         return "(no log)"
     return "\n".join(text.splitlines()[-lines:])
+
+
+def _profile(context: dict[str, Any]) -> Profile:
+    return get_profile(context["profile"]).for_device(context["device"])
 
 
 def _facts(context: dict[str, Any]) -> dict[str, Any]:
@@ -232,7 +237,7 @@ def run_arm_in_this_process(arm: str, out_dir: Path) -> int:
 
     context = json.loads(os.environ[CONTEXT_ENV])
     facts = _facts(context)
-    profile = get_profile(context["profile"]).with_overrides(context["overrides"])
+    profile = _profile(context).with_overrides(context["overrides"])
     doc = evidence.base_document(
         arm=arm,
         context=facts,

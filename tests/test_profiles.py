@@ -20,7 +20,7 @@ H200 = {
 def test_upstream_settings_on_every_profile():
     for profile in profiles.PROFILES.values():
         for apc in (True, False):
-            s = profile.engine_settings(arm="cold-race", prefix_caching=apc)
+            s = profile.engine_settings(arm="cold-race", prefix_caching=apc, mamba_block_size=256)
             assert s["enable_prefix_caching"] is apc
             assert s["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 2}
             assert s["enforce_eager"] and s["enable_chunked_prefill"]
@@ -39,8 +39,8 @@ def test_upstream_settings_on_every_profile():
 def test_control_differs_only_in_prefix_caching():
     for profile in profiles.PROFILES.values():
         for arm in profiles.ARMS:
-            apc = profile.engine_settings(arm=arm, prefix_caching=True)
-            control = profile.engine_settings(arm=arm, prefix_caching=False)
+            apc = profile.engine_settings(arm=arm, prefix_caching=True, mamba_block_size=64)
+            control = profile.engine_settings(arm=arm, prefix_caching=False, mamba_block_size=64)
             assert {k for k in apc if apc[k] != control.get(k)} == {"enable_prefix_caching"}
 
 
@@ -74,3 +74,37 @@ def test_gpu_profile_refused_without_gpus():
         preflight.check_hardware(profiles.get_profile("nemotron-super"), one)
     preflight.check_hardware(profiles.get_profile("nemotron-super"), {"gpus": [H200] * 4})
     preflight.check_hardware(profiles.TINY, no_gpu)
+
+
+def test_tiny_cold_race_budget_is_sized_in_measured_blocks():
+    tiny = profiles.TINY
+    assert (
+        tiny.engine_settings(arm="cold-race", prefix_caching=True, mamba_block_size=256)[
+            "max_num_batched_tokens"
+        ]
+        == 320
+    )
+    with pytest.raises(ValueError, match="must be measured first"):
+        tiny.engine_settings(arm="cold-race", prefix_caching=True)
+    # Upstream's absolute budget ignores the block size.
+    nemotron = profiles.get_profile("nemotron-super")
+    assert (
+        nemotron.engine_settings(arm="cold-race", prefix_caching=True, mamba_block_size=32)[
+            "max_num_batched_tokens"
+        ]
+        == 4096
+    )
+
+
+def test_tiny_on_cuda_avoids_flashinfer_and_needs_a_gpu():
+    cuda = profiles.TINY.for_device("cuda")
+    assert cuda.device == "cuda" and cuda.min_gpus == 1
+    assert cuda.engine_env()["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+    settings = cuda.engine_settings(arm="cold-race", prefix_caching=True, mamba_block_size=32)
+    assert settings["additional_config"] == {"gdn_prefill_backend": "triton"}
+    assert settings["max_num_batched_tokens"] == 64
+    with pytest.raises(HardwareUnavailable, match="needs 1 GPU"):
+        preflight.check_hardware(cuda, {"gpus": []})
+    assert profiles.TINY.for_device("cpu") is profiles.TINY
+    with pytest.raises(ValueError, match="no cpu variant"):
+        profiles.get_profile("nemotron-super").for_device("cpu")

@@ -16,6 +16,7 @@ from repro.arms.common import (
     PhaseTimer,
     compare_wave,
     engagement_of,
+    measure_block_size,
     record,
     run_wave,
     start_engine,
@@ -30,7 +31,10 @@ LIVENESS_SEED = 3
 def run_cold_race(profile: Profile, model_path: str, timer: PhaseTimer | None = None) -> ArmResult:
     timer = timer or PhaseTimer()
     arm = "cold-race"
-    with start_engine(profile, model_path, arm=arm, prefix_caching=True) as engine:
+    block_size = measure_block_size(profile, model_path, timer)
+    with start_engine(
+        profile, model_path, arm=arm, prefix_caching=True, mamba_block_size=block_size
+    ) as engine:
         timer.add("boot", engine.boot_seconds)
         with timer.phase("prepare"):
             geo = engine.geometry()
@@ -66,7 +70,9 @@ def run_cold_race(profile: Profile, model_path: str, timer: PhaseTimer | None = 
         run_wave(engine, [probe.prompt(0)], sampling, timer)
         _, apc.counters["liveness"] = run_wave(engine, [probe.prompt(0)], sampling, timer)
 
-    with start_engine(profile, model_path, arm=arm, prefix_caching=False) as engine:
+    with start_engine(
+        profile, model_path, arm=arm, prefix_caching=False, mamba_block_size=block_size
+    ) as engine:
         timer.add("boot", engine.boot_seconds)
         control = record(engine)
         ctl_w1, control.counters["wave1"] = run_wave(engine, wave1, sampling, timer)

@@ -56,13 +56,35 @@ class PhaseTimer:
         self.seconds[name] = self.seconds.get(name, 0.0) + (seconds or 0.0)
 
 
-def start_engine(profile: Profile, model_path: str, *, arm: str, prefix_caching: bool) -> Engine:
+def start_engine(
+    profile: Profile,
+    model_path: str,
+    *,
+    arm: str,
+    prefix_caching: bool,
+    mamba_block_size: int | None = None,
+) -> Engine:
     return Engine(
         model=model_path,
-        settings=profile.engine_settings(arm=arm, prefix_caching=prefix_caching),
+        settings=profile.engine_settings(
+            arm=arm, prefix_caching=prefix_caching, mamba_block_size=mamba_block_size
+        ),
         optional_settings=profile.optional_settings,
         env=profile.engine_env(),
     )
+
+
+def measure_block_size(profile: Profile, model_path: str, timer: PhaseTimer) -> int | None:
+    """Mamba block size B of this model on this engine, for budgets given in blocks.
+
+    Boots an APC engine once with the multi-turn settings (an absolute budget) and reads its
+    geometry; costs one extra engine start, only for profiles that need it.
+    """
+    if profile.cold_race_budget_blocks is None:
+        return None
+    with start_engine(profile, model_path, arm="multi-turn", prefix_caching=True) as engine:
+        timer.add("boot", engine.boot_seconds)
+        return engine.geometry().mamba_block_size
 
 
 def run_wave(
