@@ -79,6 +79,17 @@ def build_parser() -> argparse.ArgumentParser:
     model = sub.add_parser("tiny-model", help="build the tiny model, print its directory")
     model.add_argument("--cache", type=Path, default=None)
 
+    patch = sub.add_parser(
+        "patch", help="apply Python-only diffs to the vLLM in a directory (bare GPU hosts)"
+    )
+    patch.add_argument(
+        "--site",
+        type=Path,
+        required=True,
+        help="directory holding the vllm package (site-packages or a target)",
+    )
+    patch.add_argument("files", nargs="+", type=Path)
+
     validate = sub.add_parser("validate", help="validate artifact files against the schema")
     validate.add_argument("files", nargs="+", type=Path)
     return parser
@@ -192,6 +203,15 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_patch(args: argparse.Namespace) -> int:
+    from repro import patching
+
+    for path in args.files:
+        record = patching.apply_patch(path, args.site)
+        print(f"applied {record['path']} (sha256 {record['sha256']}) to {args.site}")
+    return 0
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from repro.artifact import ArtifactInvalid, validate_artifact
 
@@ -212,5 +232,6 @@ COMMANDS = {
     "arm": cmd_arm,
     "engine-env": cmd_engine_env,
     "tiny-model": cmd_tiny_model,
+    "patch": cmd_patch,
     "validate": cmd_validate,
 }

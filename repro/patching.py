@@ -9,6 +9,8 @@ is refused before anything is changed, naming the failing hunks.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
+import json
 import re
 import shutil
 import subprocess
@@ -16,6 +18,9 @@ from pathlib import Path
 
 from repro.errors import PatchError
 
+# Written beside the patched `vllm` package, so any run that imports it can record the
+# patches it runs on, whether vLLM lives in a venv or in a plain target directory.
+RECORD_NAME = "repro-patches.json"
 _TARGET = re.compile(r"^\+\+\+ (?:b/)?(\S+)", re.M)
 _SOURCE = re.compile(r"^--- (?:a/)?(\S+)", re.M)
 _HUNK = re.compile(r"^@@ .* @@.*$", re.M)
@@ -70,7 +75,22 @@ def apply_patch(patch: Path, site_packages: Path) -> dict[str, str]:
     real = subprocess.run(base, capture_output=True, text=True)
     if real.returncode != 0:
         raise PatchError(_describe_failure(patch, real.stdout + real.stderr))
-    return {"path": patch.name, "sha256": sha256_of(patch)}
+    applied = {"path": patch.name, "sha256": sha256_of(patch)}
+    record = Path(site_packages) / RECORD_NAME
+    previous = json.loads(record.read_text()) if record.is_file() else []
+    from repro.atomicio import write_json_atomic
+
+    write_json_atomic(record, [*previous, applied])
+    return applied
+
+
+def applied_patches() -> list[dict[str, str]]:
+    """Patches the kit applied to the `vllm` this interpreter imports (without importing it)."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    record = Path(list(spec.submodule_search_locations)[0]).parent / RECORD_NAME
+    return json.loads(record.read_text()) if record.is_file() else []
 
 
 def _describe_failure(patch: Path, output: str) -> str:

