@@ -1,0 +1,118 @@
+"""The shipped patch files (containers/patches/*.diff) stay usable and accounted for.
+
+Each must pass the kit's own Python-only check, have well-formed hunks, name the upstream
+PR it comes from in its header, and match the sha256 that containers/patches/README.md lists
+(runs record that sha256, so a silent edit would make artifacts name a patch nobody can find).
+Offline and fast: nothing is downloaded and no vLLM is needed.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from repro import patching
+
+PATCH_DIR = Path(__file__).resolve().parent.parent / "containers" / "patches"
+README = PATCH_DIR / "README.md"
+PATCHES = sorted(PATCH_DIR.glob("*.diff"))
+SHA256 = re.compile(r"\b[0-9a-f]{64}\b")
+PR_URL = re.compile(r"https://github\.com/vllm-project/vllm/pull/(\d+)")
+HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+
+
+def header(path: Path) -> str:
+    """The comment block before the diff proper (the first `--- ` line), which patch skips."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    end = next(i for i, line in enumerate(lines) if line.startswith("--- "))
+    return "\n".join(lines[:end])
+
+
+def readme_rows() -> dict[str, str]:
+    """README table rows keyed by the patch file name they list."""
+    rows = {}
+    for line in README.read_text(encoding="utf-8").splitlines():
+        m = re.match(r"^\|\s*`([^`]+\.diff)`\s*\|", line)
+        if m:
+            assert m.group(1) not in rows, f"README lists {m.group(1)} twice"
+            rows[m.group(1)] = line
+    return rows
+
+
+def test_there_are_patch_files():
+    assert PATCHES, f"no *.diff in {PATCH_DIR}"
+
+
+def test_readme_lists_exactly_the_patch_files():
+    assert sorted(readme_rows()) == [p.name for p in PATCHES]
+
+
+@pytest.mark.parametrize("path", PATCHES, ids=lambda p: p.name)
+def test_is_python_only_and_inside_vllm(path: Path):
+    patching.check_python_only(path)
+    assert patching.targets(path), f"{path.name} names no file"
+
+
+@pytest.mark.parametrize("path", PATCHES, ids=lambda p: p.name)
+def test_sha256_matches_the_readme(path: Path):
+    row = readme_rows()[path.name]
+    listed = SHA256.findall(row)
+    assert len(listed) == 1, f"README row for {path.name} should hold one sha256: {row}"
+    assert listed[0] == patching.sha256_of(path), (
+        f"{path.name} changed without updating containers/patches/README.md "
+        f"(now {patching.sha256_of(path)})"
+    )
+
+
+@pytest.mark.parametrize("path", PATCHES, ids=lambda p: p.name)
+def test_header_names_its_source_pr(path: Path):
+    text = header(path)
+    assert text.strip(), f"{path.name} has no header comment before the diff"
+    assert all(line.startswith("#") or not line.strip() for line in text.splitlines()), (
+        f"{path.name}: header lines must be '#' comments so patch and the kit ignore them"
+    )
+    urls = set(PR_URL.findall(text))
+    assert len(urls) == 1, f"{path.name}: header should link exactly one upstream vLLM PR"
+    number = urls.pop()
+    assert f"PR #{number}" in text
+    # The file name and the README row point at the same PR as the header.
+    assert f"pr{number}" in path.name
+    assert f"PR #{number}" in readme_rows()[path.name]
+
+
+@pytest.mark.parametrize("path", PATCHES, ids=lambda p: p.name)
+def test_hunks_are_well_formed(path: Path):
+    """Each hunk's line counts match its header: a hand edit must not corrupt the diff."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    i = next(i for i, line in enumerate(lines) if line.startswith("--- "))
+    hunks = 0
+    while i < len(lines):
+        line = lines[i]
+        m = HUNK.match(line)
+        if not m:
+            assert line.startswith(("--- a/", "+++ b/")), f"{path.name}:{i + 1}: {line!r}"
+            i += 1
+            continue
+        hunks += 1
+        old = int(m.group(2) or 1)
+        new = int(m.group(4) or 1)
+        i += 1
+        while old or new:
+            assert i < len(lines), f"{path.name}: hunk at {m.group(0)} is cut short"
+            body = lines[i]
+            if body.startswith("-"):
+                old -= 1
+            elif body.startswith("+"):
+                new -= 1
+            elif body.startswith(" ") or body == "":
+                old -= 1
+                new -= 1
+            elif body.startswith("\\"):
+                pass  # "\ No newline at end of file"
+            else:
+                pytest.fail(f"{path.name}:{i + 1}: unexpected line in hunk: {body!r}")
+            assert old >= 0 and new >= 0, f"{path.name}: hunk at {m.group(0)} overruns"
+            i += 1
+    assert hunks, f"{path.name} has no hunk"
