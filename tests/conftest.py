@@ -30,16 +30,21 @@ def engine_python() -> str:
     return python
 
 
-def run_kit(engine_python: str, *args: str, timeout: float = 1200) -> subprocess.CompletedProcess:
-    """`python -m repro ARGS` in the engine environment, with this checkout's code."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO)
-    env["REPRO_KIT_CHECKOUT"] = str(REPO)
-    return subprocess.run(
-        [engine_python, "-m", "repro", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+@pytest.fixture(scope="session")
+def run_kit(engine_python):
+    """Run `python -m repro ARGS` in the engine environment, with this checkout's code."""
+
+    def run(*args: str, timeout: float = 1200) -> subprocess.CompletedProcess:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(REPO)
+        env["REPRO_KIT_CHECKOUT"] = str(REPO)
+        return subprocess.run(
+            [engine_python, "-m", "repro", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    return run

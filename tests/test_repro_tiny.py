@@ -15,8 +15,6 @@ from repro import evidence
 from repro.artifact import validate_artifact
 from repro.atomicio import sha256_file
 
-from .conftest import run_kit
-
 pytestmark = pytest.mark.engine
 
 ARMS = ("cold-race", "multi-turn")
@@ -28,8 +26,8 @@ def load(out: Path, arm: str) -> dict:
     return doc
 
 
-def run_tiny(engine_python, out: Path, *args: str) -> dict[str, dict]:
-    proc = run_kit(engine_python, "run", "--profile", "tiny", "--out", str(out), *args)
+def run_tiny(run_kit, out: Path, *args: str) -> dict[str, dict]:
+    proc = run_kit("run", "--profile", "tiny", "--out", str(out), *args)
     arms = args[args.index("--arms") + 1 :] if "--arms" in args else ARMS
     arms = [a for a in arms if not a.startswith("--")][: len(ARMS)]
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -37,15 +35,15 @@ def run_tiny(engine_python, out: Path, *args: str) -> dict[str, dict]:
 
 
 @pytest.fixture(scope="module")
-def clean_run(engine_python, tmp_path_factory):
+def clean_run(run_kit, tmp_path_factory):
     out = tmp_path_factory.mktemp("clean")
-    return out, run_tiny(engine_python, out)
+    return out, run_tiny(run_kit, out)
 
 
 @pytest.fixture(scope="module")
-def fault_run(engine_python, tmp_path_factory):
+def fault_run(run_kit, tmp_path_factory):
     out = tmp_path_factory.mktemp("fault")
-    return out, run_tiny(engine_python, out, "--inject-fault")
+    return out, run_tiny(run_kit, out, "--inject-fault")
 
 
 @pytest.mark.parametrize("arm", ARMS)
@@ -86,20 +84,20 @@ def test_injected_fault_is_detected(fault_run, arm):
     assert "forward flips" in doc["verdict"]["reason"]
 
 
-def test_no_drafts_is_inconclusive_engagement(engine_python, tmp_path):
+def test_no_drafts_is_inconclusive_engagement(run_kit, tmp_path):
     docs = run_tiny(
-        engine_python, tmp_path, "--arms", "cold-race", "--override", "speculative_config=null"
+        run_kit, tmp_path, "--arms", "cold-race", "--override", "speculative_config=null"
     )
     verdict = docs["cold-race"]["verdict"]
     assert (verdict["status"], verdict["gate"]) == ("inconclusive", "engagement")
     assert "zero speculative drafts" in verdict["reason"]
 
 
-def test_no_hits_is_inconclusive_engagement(engine_python, tmp_path):
+def test_no_hits_is_inconclusive_engagement(run_kit, tmp_path):
     # Without sub-block hit granularity, vLLM 0.32.0 drops the last block of every hit under
     # MTP, so 1.35-block cold-race prompts never hit: caching is queried but never served.
     docs = run_tiny(
-        engine_python, tmp_path, "--arms", "cold-race", "--override", "prefix_match_unit=null"
+        run_kit, tmp_path, "--arms", "cold-race", "--override", "prefix_match_unit=null"
     )
     doc = docs["cold-race"]
     verdict = doc["verdict"]
@@ -108,9 +106,8 @@ def test_no_hits_is_inconclusive_engagement(engine_python, tmp_path):
     assert sum(w["prefix_cache_queries"] for w in doc["counters"]["apc"].values()) > 0
 
 
-def test_killed_arm_leaves_an_error_record_with_its_log(engine_python, tmp_path):
+def test_killed_arm_leaves_an_error_record_with_its_log(run_kit, tmp_path):
     proc = run_kit(
-        engine_python,
         "run",
         "--profile",
         "tiny",
