@@ -26,10 +26,8 @@ def load(out: Path, arm: str) -> dict:
     return doc
 
 
-def run_tiny(run_kit, out: Path, *args: str) -> dict[str, dict]:
-    proc = run_kit("run", "--profile", "tiny", "--out", str(out), *args)
-    arms = args[args.index("--arms") + 1 :] if "--arms" in args else ARMS
-    arms = [a for a in arms if not a.startswith("--")][: len(ARMS)]
+def run_tiny(run_kit, out: Path, *args: str, arms=ARMS) -> dict[str, dict]:
+    proc = run_kit("run", "--profile", "tiny", "--out", str(out), "--arms", *arms, *args)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return {arm: load(out, arm) for arm in arms}
 
@@ -85,9 +83,7 @@ def test_injected_fault_is_detected(fault_run, arm):
 
 
 def test_no_drafts_is_inconclusive_engagement(run_kit, tmp_path):
-    docs = run_tiny(
-        run_kit, tmp_path, "--arms", "cold-race", "--override", "speculative_config=null"
-    )
+    docs = run_tiny(run_kit, tmp_path, "--override", "speculative_config=null", arms=["cold-race"])
     verdict = docs["cold-race"]["verdict"]
     assert (verdict["status"], verdict["gate"]) == ("inconclusive", "engagement")
     assert "zero speculative drafts" in verdict["reason"]
@@ -96,9 +92,7 @@ def test_no_drafts_is_inconclusive_engagement(run_kit, tmp_path):
 def test_no_hits_is_inconclusive_engagement(run_kit, tmp_path):
     # Without sub-block hit granularity, vLLM 0.32.0 drops the last block of every hit under
     # MTP, so 1.35-block cold-race prompts never hit: caching is queried but never served.
-    docs = run_tiny(
-        run_kit, tmp_path, "--arms", "cold-race", "--override", "prefix_match_unit=null"
-    )
+    docs = run_tiny(run_kit, tmp_path, "--override", "prefix_match_unit=null", arms=["cold-race"])
     doc = docs["cold-race"]
     verdict = doc["verdict"]
     assert (verdict["status"], verdict["gate"]) == ("inconclusive", "engagement")
