@@ -54,6 +54,17 @@ def tests(session: nox.Session) -> None:
 
 
 @nox.session
+def wheelhouse(session: nox.Session) -> None:
+    """Offline install set for an air-gapped GPU host (vLLM plus what the host lacks).
+
+    nox -s wheelhouse -- --vllm 0.26.0 --python 3.12 \\
+        --for-host containers/hosts/h200-pip-freeze.txt --out .installsets/vllm-0.26.0-cp312
+    """
+    session.install("-e", ".[installset]")
+    session.run("python", "-m", "repro.installset", "build", *session.posargs)
+
+
+@nox.session
 def lint(session: nox.Session) -> None:
     session.install("ruff")
     paths = ["repro", "tests", "benchmarks", "noxfile.py"]

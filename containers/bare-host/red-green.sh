@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Red/green on a bare GPU host without network: install the carried vLLM set, run the arms on
+# stock vLLM, patch a copy with the cold-race fix, run the cold-race arm again.
+#
+#   containers/bare-host/red-green.sh PARTS_DIR OUT_DIR [PATCH]
+#
+# PARTS_DIR holds an install set (python -m repro.installset build …): manifest.json + parts.
+# The tiny model is found through REPRO_CACHE (carry it; building it needs transformers too).
+set -euo pipefail
+parts=$1 out=$2
+patch=${3:-containers/patches/vllm-0.26.0-pr51113-mamba-chunk-split.diff}
+kit=$(cd "$(dirname "$0")/../.." && pwd)
+stock=/tmp/repro-site-stock patched=/tmp/repro-site-patched
+export PYTHONUNBUFFERED=1 REPRO_KIT_CHECKOUT="$kit"
+mkdir -p "$out"
+
+t() { local s=$SECONDS; "$@"; echo "[timing] $* : $((SECONDS - s)) s" | tee -a "$out/timings.txt"; }
+
+t env PYTHONPATH="$kit" python3 -m repro.installset install --parts "$parts" --target "$stock"
+for w in "${REPRO_EXTRA_WHEELS:-}"/*.whl; do
+  [ -f "$w" ] && python3 -m pip install -q --no-deps --no-index --target "$stock" "$w"
+done
+t cp -a "$stock" "$patched"
+t env PYTHONPATH="$kit" python3 -m repro patch --site "$patched" "$patch"
+
+t env PYTHONPATH="$stock:$kit" python3 -m repro run --profile tiny --device cuda --out "$out/stock" \
+  ${REPRO_ARMS:+--arms $REPRO_ARMS} || true
+t env PYTHONPATH="$patched:$kit" python3 -m repro run --profile tiny --device cuda \
+  --out "$out/patched" --arms cold-race || true

@@ -1,0 +1,119 @@
+"""``python -m repro.installset build|verify|install``.
+
+``verify`` and ``install`` run on a bare host with the standard library only: this file
+imports nothing else at module level, and ``build``'s modules (uv, pip, jsonschema, rich)
+are imported only when ``build`` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from repro.installset import InstallSetError
+
+DEFAULT_FREEZE_HELP = "the host's `pip list --format=freeze` output (e.g. containers/hosts/…)"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m repro.installset",
+        description="Offline install sets: vLLM plus the wheels a host lacks, in checked parts.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    b = sub.add_parser("build", help="resolve, download and pack a set (needs PyPI and uv)")
+    b.add_argument("--vllm", required=True, metavar="VERSION", help="vLLM release, e.g. 0.26.0")
+    b.add_argument("--python", required=True, help="the host's Python, X.Y or X.Y.Z (3.12)")
+    b.add_argument(
+        "--for-host", required=True, type=Path, metavar="FREEZE", help=DEFAULT_FREEZE_HELP
+    )
+    b.add_argument("--out", required=True, type=Path, help="output folder (parts + manifest.json)")
+    b.add_argument("--part-size", default="55MiB", help="size of each part (default 55MiB)")
+    b.add_argument(
+        "--platform",
+        action="append",
+        metavar="TAG",
+        help="the host's newest wheel platform tag; older glibc tags are implied "
+        "(default manylinux_2_31_x86_64; repeatable)",
+    )
+    b.add_argument("--index-url", help="package index (default https://pypi.org/simple)")
+    b.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="leave this package (and what only it needs) out of the set; repeatable",
+    )
+    b.add_argument(
+        "--include-optional",
+        action="store_true",
+        help="also ship vLLM's optional GPU-kernel and codec packages (hundreds of MiB; "
+        "left out by default, see resolve.VLLM_OPTIONAL)",
+    )
+    b.add_argument("--xz-preset", type=int, default=6, choices=range(0, 10), metavar="0-9")
+    b.add_argument("--exclude-newer", metavar="DATE", help="ignore uploads after DATE (uv)")
+    b.add_argument("--uv", metavar="PATH", help="the uv binary (default: on PATH or pip's uv)")
+    b.add_argument("--keep-staging", action="store_true", help="keep OUT/.staging for a look")
+
+    v = sub.add_parser("verify", help="check the parts against manifest.json (stdlib only)")
+    v.add_argument("--parts", required=True, type=Path, help="folder with manifest.json and parts")
+
+    i = sub.add_parser("install", help="verify, then extract into TARGET (stdlib only)")
+    i.add_argument("--parts", required=True, type=Path, help="folder with manifest.json and parts")
+    i.add_argument("--target", required=True, type=Path, help="new or empty folder to install to")
+    i.add_argument(
+        "--replace", action="store_true", help="swap out a TARGET that holds something else"
+    )
+    return parser
+
+
+def _build(args: argparse.Namespace) -> None:
+    from repro.installset.build import build_vllm
+    from repro.installset.pack import parse_size
+    from repro.installset.progress import Steps
+    from repro.installset.resolve import VLLM_OPTIONAL
+    from repro.installset.target import DEFAULT_PLATFORM, Target
+
+    target = Target.create(args.python, args.platform or [DEFAULT_PLATFORM])
+    exclude = {} if args.include_optional else dict(VLLM_OPTIONAL)
+    exclude.update({name: "left out with --exclude" for name in args.exclude})
+    build_vllm(
+        args.vllm,
+        args.for_host,
+        args.out,
+        target,
+        part_size=parse_size(args.part_size),
+        xz_preset=args.xz_preset,
+        exclude=exclude,
+        index_url=args.index_url,
+        uv=args.uv,
+        exclude_newer=args.exclude_newer,
+        keep_staging=args.keep_staging,
+        steps=Steps(),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "build":
+            _build(args)
+        elif args.command == "verify":
+            from repro.installset.unpack import verify
+
+            checked = verify(args.parts)
+            print(f"ok: {len(checked.parts)} part(s) match {args.parts / 'manifest.json'}")
+        else:
+            from repro.installset.unpack import install
+
+            install(args.parts, args.target, replace=args.replace)
+    except InstallSetError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
