@@ -109,6 +109,23 @@ def sized_haystack(
     return haystack, size(best)
 
 
+def fitted_haystack(
+    *, seed: int, max_vaults: int, target_tokens: int, count_tokens: CountTokens
+) -> tuple[Haystack, int]:
+    """Like `sized_haystack`, with as many vaults (up to `max_vaults`) as fit the target.
+
+    A small Mamba block (the tiny model's B is ~100-160) leaves room for only a few fact
+    lines; at full scale every vault fits.
+    """
+    for vaults in range(max_vaults, 0, -1):
+        haystack, tokens = sized_haystack(
+            seed=seed, vaults=vaults, target_tokens=target_tokens, count_tokens=count_tokens
+        )
+        if tokens <= target_tokens or vaults == 1:
+            return haystack, tokens
+    raise AssertionError("unreachable")
+
+
 def is_miss(output_text: str, code: str) -> bool:
     """Upstream's recall test: the needle is missed when its code is not in the output."""
     return code not in output_text

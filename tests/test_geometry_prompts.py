@@ -67,3 +67,14 @@ def test_different_seeds_give_different_haystacks():
 def test_miss_is_code_not_in_output():
     assert prompts.is_miss("The code is 82423567", "824568")
     assert not prompts.is_miss(" 824568", "824568")
+
+
+def test_small_blocks_get_fewer_vaults_not_longer_prompts():
+    big, n_big = prompts.fitted_haystack(
+        seed=5, max_vaults=8, target_tokens=400, count_tokens=count_words
+    )
+    small, n_small = prompts.fitted_haystack(
+        seed=5, max_vaults=8, target_tokens=60, count_tokens=count_words
+    )
+    assert len(big.codes) == 8 and n_big <= 412
+    assert 1 <= len(small.codes) < 8 and n_small <= 60

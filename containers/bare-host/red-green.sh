@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Red/green on a bare GPU host without network: install the carried vLLM set, run the arms on
-# stock vLLM, patch a copy with the cold-race fix, run the cold-race arm again.
+# stock vLLM, patch a copy with the cold-race fix, run the arms again on the patched copy.
 #
 #   containers/bare-host/red-green.sh PARTS_DIR OUT_DIR [PATCH]
 #
@@ -26,4 +26,4 @@ t env PYTHONPATH="$kit" python3 -m repro patch --site "$patched" "$patch"
 t env PYTHONPATH="$stock:$kit" python3 -m repro run --profile tiny --device cuda --out "$out/stock" \
   ${REPRO_ARMS:+--arms $REPRO_ARMS} || true
 t env PYTHONPATH="$patched:$kit" python3 -m repro run --profile tiny --device cuda \
-  --out "$out/patched" --arms cold-race || true
+  --out "$out/patched" ${REPRO_ARMS:+--arms $REPRO_ARMS} || true

@@ -43,9 +43,9 @@ def run_cold_race(profile: Profile, model_path: str, timer: PhaseTimer | None = 
                 max_num_batched_tokens=geo.max_num_batched_tokens,
                 max_model_len=profile.max_model_len,
             )
-            haystack, prompt_tokens = prompts.sized_haystack(
+            haystack, prompt_tokens = prompts.fitted_haystack(
                 seed=HAYSTACK_SEED,
-                vaults=geometry.COLD_RACE_VAULTS,
+                max_vaults=geometry.COLD_RACE_VAULTS,
                 target_tokens=sizes.prompt_tokens,
                 count_tokens=engine.count_tokens,
             )

@@ -38,15 +38,15 @@ def run_multi_turn(profile: Profile, model_path: str, timer: PhaseTimer | None =
             )
             haystacks = []
             for i in range(geometry.MULTI_TURN_PROMPTS):
-                haystack, _ = prompts.sized_haystack(
+                haystack, _ = prompts.fitted_haystack(
                     seed=FIRST_HAYSTACK_SEED + i,
-                    vaults=geometry.MULTI_TURN_VAULTS,
+                    max_vaults=geometry.MULTI_TURN_VAULTS,
                     target_tokens=sizes.prompt_tokens,
                     count_tokens=engine.count_tokens,
                 )
                 haystacks.append(haystack)
             # Each prompt asks about one of its haystack's vaults, alternating.
-            vaults = [i % geometry.MULTI_TURN_VAULTS for i in range(len(haystacks))]
+            vaults = [i % len(h.codes) for i, h in enumerate(haystacks)]
             wave1 = [h.prompt(v) for h, v in zip(haystacks, vaults, strict=False)]
             follow_up_ids = _encode(engine, "\n" + prompts.FOLLOW_UP + "\nAnswer:")
             turn_one = Sampling(
