@@ -16,7 +16,12 @@ def print_summary(documents: dict[str, dict[str, Any]], out_dir: Path) -> None:
     for arm, doc in documents.items():
         verdict = doc["verdict"]
         status = verdict["status"] + (f" ({verdict['gate']})" if verdict["gate"] else "")
-        apc = (doc.get("counters") or {}).get("apc") or {}
+        # The arm's waves only: the liveness probe is reported by its own gate.
+        apc = {
+            name: c
+            for name, c in ((doc.get("counters") or {}).get("apc") or {}).items()
+            if name != "liveness"
+        }
         hits = sum(c["prefix_cache_hits"] for c in apc.values())
         queries = sum(c["prefix_cache_queries"] for c in apc.values())
         drafts = sum(c["spec_decode_num_drafts"] for c in apc.values())
