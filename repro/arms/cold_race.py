@@ -14,6 +14,7 @@ from repro import geometry, grading, prompts
 from repro.arms.common import (
     ArmResult,
     PhaseTimer,
+    answer_sampling,
     compare_wave,
     engagement_of,
     measure_block_size,
@@ -21,7 +22,6 @@ from repro.arms.common import (
     run_wave,
     start_engine,
 )
-from repro.engine import Sampling
 from repro.profiles import Profile
 
 HAYSTACK_SEED = 824568
@@ -58,11 +58,7 @@ def run_cold_race(profile: Profile, model_path: str, timer: PhaseTimer | None = 
             )
             wave1 = [haystack.prompt(0)] * geometry.COLD_RACE_IDENTICAL_PROMPTS
             wave2 = [haystack.prompt(v) for v in range(len(haystack.codes))]
-            sampling = Sampling(
-                max_tokens=sizes.output_tokens,
-                min_tokens=sizes.output_tokens if profile.ignore_eos else 0,
-                ignore_eos=profile.ignore_eos,
-            )
+            sampling = answer_sampling(profile, sizes.output_tokens)
         apc = record(engine)
         apc_w1, apc.counters["wave1"] = run_wave(engine, wave1, sampling, timer)
         apc_w2, apc.counters["wave2"] = run_wave(engine, wave2, sampling, timer)

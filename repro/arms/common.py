@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from repro import grading, prompts
-from repro.engine import Completion, Counters, Engine, Geometry
+from repro.engine import Completion, Counters, Engine, Geometry, Sampling
 from repro.profiles import Profile
 
 
@@ -85,6 +85,16 @@ def measure_block_size(profile: Profile, model_path: str, timer: PhaseTimer) -> 
     with start_engine(profile, model_path, arm="multi-turn", prefix_caching=True) as engine:
         timer.add("boot", engine.boot_seconds)
         return engine.geometry().mamba_block_size
+
+
+def answer_sampling(profile: Profile, tokens: int) -> Sampling:
+    """Greedy outputs of `tokens` tokens; exactly that many where the profile ignores EOS
+    (a random model may emit EOS at any step)."""
+    return Sampling(
+        max_tokens=tokens,
+        min_tokens=tokens if profile.ignore_eos else 0,
+        ignore_eos=profile.ignore_eos,
+    )
 
 
 def run_wave(

@@ -14,6 +14,7 @@ from repro import geometry, prompts
 from repro.arms.common import (
     ArmResult,
     PhaseTimer,
+    answer_sampling,
     compare_wave,
     engagement_of,
     record,
@@ -55,11 +56,7 @@ def run_multi_turn(profile: Profile, model_path: str, timer: PhaseTimer | None =
                 min_tokens=sizes.decode_tokens,
                 ignore_eos=profile.ignore_eos,
             )
-            turn_two = Sampling(
-                max_tokens=sizes.follow_up_tokens,
-                min_tokens=sizes.follow_up_tokens if profile.ignore_eos else 0,
-                ignore_eos=profile.ignore_eos,
-            )
+            turn_two = answer_sampling(profile, sizes.follow_up_tokens)
         apc = record(engine)
         apc_w1, apc.counters["wave1"] = run_wave(engine, wave1, turn_one, timer)
         # Exact token ids of turn 1 (prompt + output), so turn 2's prefix matches the
