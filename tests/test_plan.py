@@ -1,0 +1,192 @@
+"""The run plan of the GPU profiles, field by field, and the preflight refusal without GPUs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from repro import cli, plan, weights
+from repro.profiles import NUM_SPECULATIVE_TOKENS, get_profile
+
+NO_GPU = {"gpus": [], "cpu": {}, "memory_bytes": 0}
+H200 = {"name": "NVIDIA H200", "memory_bytes": 143771 << 20}
+SHA = "89abcdef0123456789abcdef0123456789abcdef"
+
+
+def _common(settings, *, tp, apc):
+    assert settings["tensor_parallel_size"] == tp
+    assert settings["enable_prefix_caching"] is apc
+    assert settings["max_model_len"] == 10240
+    assert settings["max_num_seqs"] == 8
+    assert settings["enforce_eager"] is True
+    assert settings["enable_chunked_prefill"] is True
+    assert settings["mamba_cache_mode"] == "align"
+    assert settings["speculative_config"] == {
+        "method": "mtp",
+        "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
+    }
+    assert settings["seed"] == 0
+
+
+def _plan(name, tmp_path, hardware=NO_GPU, lock=None):
+    return plan.build_plan(
+        get_profile(name),
+        hardware=hardware,
+        cache=tmp_path / "cache",
+        out_dir=tmp_path / "out",
+        lock_path=lock or tmp_path / "weights.lock.json",
+    )
+
+
+def test_nemotron_plan(tmp_path):
+    doc = _plan("nemotron-super", tmp_path)
+    repo = "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16"
+    assert doc["profile"] == "nemotron-super"
+    assert doc["model"] == {
+        "repo_id": repo,
+        "revision": "unresolved: first fetch pins it",
+        "revision_source": "unresolved",
+    }
+    assert doc["arms"] == ["cold-race", "multi-turn"]
+    assert doc["hardware"]["needed"] == {
+        "gpus": 4,
+        "memory_gib_each": 140,
+        "tensor_parallel_size": 4,
+    }
+    assert doc["hardware"]["found"]["gpus"] == []
+    assert doc["hardware"]["found"]["satisfied"] is False
+    assert "needs 4 GPU(s)" in doc["hardware"]["found"]["refusal"]
+
+    assert set(doc["runs"]) == {"cold-race", "multi-turn"}
+    for arm in ("cold-race", "multi-turn"):
+        _common(doc["runs"][arm]["apc"], tp=4, apc=True)
+        _common(doc["runs"][arm]["control"], tp=4, apc=False)
+    assert doc["runs"]["cold-race"]["apc"]["max_num_batched_tokens"] == 4096
+    assert doc["runs"]["cold-race"]["control"]["max_num_batched_tokens"] == 4096
+    assert "max_num_batched_tokens" not in doc["runs"]["multi-turn"]["apc"]
+    # APC and control differ in that one setting only.
+    for arm in doc["runs"]:
+        apc, control = doc["runs"][arm]["apc"], doc["runs"][arm]["control"]
+        assert {k for k in apc if apc[k] != control.get(k)} == {"enable_prefix_caching"}
+
+    assert doc["environment"] == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1"}
+
+    repo_dir = (
+        tmp_path / "cache"
+    ).resolve() / "models--nvidia--NVIDIA-Nemotron-3-Super-120B-A12B-BF16"
+    assert doc["weights"]["repo_folder"] == str(repo_dir)
+    assert doc["weights"]["snapshot"] is None and doc["weights"]["manifest_present"] is False
+    container = doc["container"]
+    assert container["image"] == "container support pending"
+    assert container["network"] == "none"
+    assert container["mounts"] == [
+        {
+            "what": "weights",
+            "source": str(repo_dir),
+            "target": f"/weights/{repo_dir.name}",
+            "read_only": True,
+        },
+        {
+            "what": "output",
+            "source": str((tmp_path / "out").resolve()),
+            "target": "/out",
+            "read_only": False,
+        },
+    ]
+    assert container["model_path"] == f"/weights/{repo_dir.name}/snapshots/<revision>"
+
+    est = doc["memory_estimate"]
+    assert est["kind"] == "estimate"
+    assert est["weights_gib_per_gpu"] == round(120e9 * 2 / 4 / 2**30, 1)  # 55.9
+    assert est["estimate_gib_per_gpu"] == round(120e9 * 2 / 4 / 2**30 + 16, 1)
+    json.dumps(doc)  # the plan is JSON
+
+
+def test_qwen_plan_with_pinned_revision(tmp_path):
+    lock = tmp_path / "weights.lock.json"
+    lock.write_text(
+        json.dumps({"models": {"Qwen/Qwen3.6-27B-FP8": {"revision": SHA}}}), encoding="utf-8"
+    )
+    doc = _plan("qwen3.6-27b-fp8", tmp_path, hardware={"gpus": [H200]}, lock=lock)
+    assert doc["model"] == {
+        "repo_id": "Qwen/Qwen3.6-27B-FP8",
+        "revision": SHA,
+        "revision_source": "lock file",
+    }
+    assert doc["arms"] == ["multi-turn"]
+    assert list(doc["runs"]) == ["multi-turn"]
+    _common(doc["runs"]["multi-turn"]["apc"], tp=1, apc=True)
+    _common(doc["runs"]["multi-turn"]["control"], tp=1, apc=False)
+    assert doc["hardware"]["needed"] == {
+        "gpus": 1,
+        "memory_gib_each": 80,
+        "tensor_parallel_size": 1,
+    }
+    assert doc["hardware"]["found"] == {
+        "gpus": [{"name": "NVIDIA H200", "memory_gib": 140.4}],
+        "satisfied": True,
+        "refusal": None,
+    }
+    assert doc["environment"] == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1"}
+    snapshot = weights.snapshot_dir((tmp_path / "cache").resolve(), "Qwen/Qwen3.6-27B-FP8", SHA)
+    assert doc["weights"]["snapshot"] == str(snapshot)
+    assert (
+        doc["container"]["model_path"] == f"/weights/models--Qwen--Qwen3.6-27B-FP8/snapshots/{SHA}"
+    )
+    assert doc["container"]["command"][-4:] == [
+        "--model-path",
+        doc["container"]["model_path"],
+        "--out",
+        "/out",
+    ]
+    est = doc["memory_estimate"]
+    assert (est["parameters"], est["bytes_per_parameter"], est["tensor_parallel_size"]) == (
+        27e9,
+        1,
+        1,
+    )
+    assert est["estimate_gib_per_gpu"] == round(27e9 / 2**30 + 16, 1)  # 41.1
+    assert est["estimate_gib_per_gpu"] < est["profile_minimum_gib_per_gpu"]
+
+
+@pytest.mark.parametrize("name", ["nemotron-super", "qwen3.6-27b-fp8"])
+def test_cli_plan_and_preflight_refusal(name, monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr("repro.envinfo.collect_hardware", lambda: NO_GPU)
+    assert cli.main(["plan", "--profile", name, "--json", "--cache", str(tmp_path)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["profile"] == name
+
+    code = cli.main(["plan", "--profile", name, "--preflight", "--cache", str(tmp_path)])
+    captured = capsys.readouterr()
+    assert code == 2
+    profile = get_profile(name)
+    assert (
+        f"error: profile {name!r} needs {profile.min_gpus} GPU(s) with at least "
+        f"{profile.min_gpu_memory_gib} GB each" in captured.err
+    )
+    assert "found: no NVIDIA GPU (nvidia-smi found none)" in captured.err
+    assert "engine settings" in captured.out  # the plan was printed first
+
+
+def test_preflight_with_the_gpus_stops_at_the_missing_container(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr("repro.envinfo.collect_hardware", lambda: {"gpus": [H200]})
+    code = cli.main(
+        ["plan", "--profile", "qwen3.6-27b-fp8", "--preflight", "--cache", str(tmp_path)]
+    )
+    assert code == 2
+    assert "container support pending" in capsys.readouterr().err
+
+
+def test_refusal_on_this_machine():
+    from repro import envinfo
+
+    hardware = envinfo.collect_hardware()
+    if hardware["gpus"]:
+        pytest.skip("this machine has GPUs; the refusal is tested with a faked machine above")
+    doc = plan.build_plan(get_profile("nemotron-super"), hardware=hardware)
+    assert doc["hardware"]["found"]["refusal"] == (
+        "profile 'nemotron-super' needs 4 GPU(s) with at least 140 GB each (tensor parallel 4); "
+        "found: no NVIDIA GPU (nvidia-smi found none). Run it on such a host, or run "
+        "`nox -s repro-tiny` here."
+    )
