@@ -129,6 +129,7 @@ def fill_result(
                 "prompt_tokens": result.liveness.prompt_tokens,
                 "hits": result.liveness.hits,
                 "queries": result.liveness.queries,
+                "cached_tokens": result.liveness.cached_tokens,
                 "passed": result.liveness.passed,
             }
             if result.liveness
@@ -224,9 +225,21 @@ def regrade(doc: dict[str, Any]) -> grading.Verdict:
             prefix_cache_queries=sum(apc[w]["prefix_cache_queries"] for w in graded_waves),
             prefix_cache_hits=sum(apc[w]["prefix_cache_hits"] for w in graded_waves),
             spec_decode_num_drafts=sum(apc[w]["spec_decode_num_drafts"] for w in graded_waves),
+            cached_prompt_tokens=sum(
+                r["num_cached_tokens"] or 0
+                for fig in doc["figures"]["waves"]
+                for r in fig["per_request"]
+            ),
         ),
         liveness=(
-            grading.Liveness(live["prompt_tokens"], live["hits"], live["queries"]) if live else None
+            grading.Liveness(
+                live["prompt_tokens"],
+                live["hits"],
+                live["queries"],
+                live.get("cached_tokens", 0),
+            )
+            if live
+            else None
         ),
         extra_noise=noise,
     )

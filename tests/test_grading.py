@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -171,3 +172,39 @@ def test_unknown_signal_is_refused():
 
     with pytest.raises(ValueError, match="expected 'needle' or 'logprob'"):
         grading.grade(signal="vibes", waves=[], engagement=ENGAGED, liveness=None)
+
+
+def test_hits_reported_by_requests_count_when_the_counters_miss_them():
+    # vLLM 0.26.0 drops the scheduler stats of prefill-only steps: counters read zero while
+    # the requests themselves report cached tokens.
+    counted_nothing = Engagement(
+        prefix_cache_queries=0,
+        prefix_cache_hits=0,
+        spec_decode_num_drafts=9,
+        cached_prompt_tokens=480,
+    )
+    assert grade_needle(needle_wave(0, 0), engagement=counted_nothing).status == "clean"
+    nothing_at_all = Engagement(
+        prefix_cache_queries=0, prefix_cache_hits=0, spec_decode_num_drafts=9
+    )
+    v = grade_needle(needle_wave(0, 0), engagement=nothing_at_all)
+    assert (v.status, v.gate) == ("inconclusive", "engagement")
+    assert "cached prompt tokens in request outputs 0" in v.reason
+
+
+def test_liveness_passes_on_a_hit_the_request_reports():
+    quiet_counters = Liveness(prompt_tokens=602, hits=0, queries=0, cached_tokens=480)
+    assert quiet_counters.passed
+    assert grade_needle(needle_wave(0, 0), liveness=quiet_counters).status == "clean"
+    assert not Liveness(prompt_tokens=602, hits=0, queries=0, cached_tokens=0).passed
+
+
+def test_self_spread_measures_against_the_medoid_not_an_outlier():
+    token = 7
+    answers = [{token: -1.0}] + [{token: -2.0 + 0.001 * i} for i in range(15)]
+    spread = grading.self_spread(answers)
+    assert len(spread) == 15
+    # The outlier shows up once, the others sit close to their medoid.
+    assert sorted(spread)[-1] == pytest.approx(1.0, abs=0.02)
+    assert sorted(spread)[-2] < 0.02
+    assert grading.self_spread([{token: -1.0}]) == []

@@ -64,7 +64,7 @@ def run_cold_race(profile: Profile, model_path: str, timer: PhaseTimer | None = 
         apc_w2, apc.counters["wave2"] = run_wave(engine, wave2, sampling, timer)
         # Twice, one after the other: the second send must be served from the cache.
         run_wave(engine, [probe.prompt(0)], sampling, timer)
-        _, apc.counters["liveness"] = run_wave(engine, [probe.prompt(0)], sampling, timer)
+        probe_again, apc.counters["liveness"] = run_wave(engine, [probe.prompt(0)], sampling, timer)
 
     with start_engine(
         profile, model_path, arm=arm, prefix_caching=False, mamba_block_size=block_size
@@ -82,8 +82,7 @@ def run_cold_race(profile: Profile, model_path: str, timer: PhaseTimer | None = 
     ]
     # Benign noise beside the waves: the control's answers to 16 identical prompts differ
     # only through batch shape, the same noise that touches the APC run.
-    reference = ctl_w1[0].first_logprobs
-    control_spread = [grading.divergence(c.first_logprobs, reference) for c in ctl_w1[1:]]
+    control_spread = grading.self_spread([c.first_logprobs for c in ctl_w1])
     live = apc.counters["liveness"]
     return ArmResult(
         arm=arm,
@@ -100,9 +99,10 @@ def run_cold_race(profile: Profile, model_path: str, timer: PhaseTimer | None = 
             prompt_tokens=probe_tokens,
             hits=live.prefix_cache_hits,
             queries=live.prefix_cache_queries,
+            cached_tokens=probe_again[0].num_cached_tokens or 0,
         ),
         extra_noise=control_spread,
-        engagement=engagement_of(apc.counters, ["wave1", "wave2"]),
+        engagement=engagement_of(apc.counters, ["wave1", "wave2"], apc_w1 + apc_w2),
         phases=timer.seconds,
         extra={"control_spread": control_spread},
     )

@@ -149,7 +149,10 @@ def compare_wave(
     )
 
 
-def engagement_of(counters: dict[str, Counters], waves: list[str]) -> grading.Engagement:
+def engagement_of(
+    counters: dict[str, Counters], waves: list[str], completions: list[Completion]
+) -> grading.Engagement:
+    """Counter deltas of the APC run's waves, plus the cached tokens its requests report."""
     total = Counters()
     for name in waves:
         total = total + counters[name]
@@ -157,4 +160,5 @@ def engagement_of(counters: dict[str, Counters], waves: list[str]) -> grading.En
         prefix_cache_queries=total.prefix_cache_queries,
         prefix_cache_hits=total.prefix_cache_hits,
         spec_decode_num_drafts=total.spec_decode_num_drafts,
+        cached_prompt_tokens=sum(c.num_cached_tokens or 0 for c in completions),
     )

@@ -95,7 +95,7 @@ def run_multi_turn(profile: Profile, model_path: str, timer: PhaseTimer | None =
         control=control,
         liveness=None,
         extra_noise=[],
-        engagement=engagement_of(apc.counters, ["wave1", "wave2"]),
+        engagement=engagement_of(apc.counters, ["wave1", "wave2"], apc_w1 + apc_w2),
         phases=timer.seconds,
         extra={"decode_tokens": sizes.decode_tokens},
     )
