@@ -102,7 +102,11 @@ def test_tiny_on_cuda_avoids_flashinfer_and_needs_a_gpu():
     assert cuda.engine_env()["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
     settings = cuda.engine_settings(arm="cold-race", prefix_caching=True, mamba_block_size=32)
     assert settings["additional_config"] == {"gdn_prefill_backend": "triton"}
-    assert settings["max_num_batched_tokens"] == 64
+    # Same geometry as the CPU (1.25 blocks), float16 on the GPU, float32 recurrent state.
+    assert settings["max_num_batched_tokens"] == 40
+    assert settings["dtype"] == "float16"
+    assert settings["mamba_ssm_cache_dtype"] == "float32"
+    assert profiles.TINY.extra_settings["dtype"] == "bfloat16"
     with pytest.raises(HardwareUnavailable, match="needs 1 GPU"):
         preflight.check_hardware(cuda, {"gpus": []})
     assert profiles.TINY.for_device("cpu") is profiles.TINY
