@@ -9,6 +9,8 @@ nox -s bundle -- RUN_DIR… --out FILE.tar.gz      deterministic evidence bundle
 nox -s verify -- FILE.tar.gz                      check a bundle (hashes, schemas, verdicts)
 nox -s report -- RUN_DIR|BUNDLE…                  Markdown for the issue tracker
 nox -s compare -- A B                             two labs' runs; non-zero when verdicts differ
+nox -s export-image -- IMAGE --out FILE.tar       image archive, sha256, record
+nox -s import-image -- FILE.tar                   check, load, re-check, tag
 nox -s tests                   the test suite (unit + real-engine integration tests)
 nox -s lint                    ruff
 """
@@ -160,6 +162,18 @@ def report(session: nox.Session) -> None:
 def compare(session: nox.Session) -> None:
     """Compare two runs (directories or bundles); non-zero when a verdict disagrees."""
     _kit_command(session, "compare")
+
+
+@nox.session(name="export-image", default=False)
+def export_image(session: nox.Session) -> None:
+    """Save an image to FILE.tar with FILE.tar.sha256 and the archive record FILE.tar.json."""
+    _kit_command(session, "export-image")
+
+
+@nox.session(name="import-image", default=False)
+def import_image(session: nox.Session) -> None:
+    """Load an image archive only after its sha256, id and labels match its record."""
+    _kit_command(session, "import-image")
 
 
 @nox.session

@@ -4,6 +4,8 @@ bundle        RUN_DIR… --out FILE.tar.gz   deterministic evidence bundle with 
 verify        FILE.tar.gz                  check a bundle without extracting it
 report        RUN_DIR|BUNDLE…              Markdown for the issue tracker
 compare       A B                          two labs' runs side by side; 1 when verdicts differ
+export-image  IMAGE --out FILE.tar         image archive + sha256 + archive record
+import-image  FILE.tar                     check, load, re-check, tag, record
 """
 
 from __future__ import annotations
@@ -38,6 +40,20 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     compare.add_argument("a", type=Path, metavar="A")
     compare.add_argument("b", type=Path, metavar="B")
     compare.add_argument("--out", type=Path, default=None, help="also write it to this file")
+
+    export = sub.add_parser("export-image", help="save an image with its sha256 and record")
+    export.add_argument("image", metavar="IMAGE")
+    export.add_argument("--out", type=Path, required=True, help="FILE.tar to write")
+    export.add_argument(
+        "--images", type=Path, default=None, help="build records folder (default artifacts/images)"
+    )
+
+    imp = sub.add_parser("import-image", help="load an image archive after checking it")
+    imp.add_argument("archive", type=Path, metavar="FILE.tar")
+    imp.add_argument("--record", type=Path, default=None, help="default FILE.tar.json")
+    imp.add_argument(
+        "--images", type=Path, default=None, help="import records folder (default artifacts/images)"
+    )
 
 
 def cmd_bundle(args: argparse.Namespace) -> int:
@@ -87,9 +103,44 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0 if result.agree else 1
 
 
+def cmd_export_image(args: argparse.Namespace) -> int:
+    from repro.containers import docker_client, handoff
+
+    kwargs = {"images_dir": args.images} if args.images else {}
+    out = handoff.export_image(
+        docker_client(), args.image, args.out, log=lambda m: print(m, file=sys.stderr), **kwargs
+    )
+    print(
+        f"[repro] exported {args.image} to {out.archive}: {out.bytes} bytes, sha256 "
+        f"{out.sha256} in {out.seconds:.1f}s; record {out.record_path}"
+    )
+    return 0
+
+
+def cmd_import_image(args: argparse.Namespace) -> int:
+    from repro.containers import docker_client, handoff
+
+    kwargs = {"images_dir": args.images} if args.images else {}
+    done = handoff.import_image(
+        docker_client(),
+        args.archive,
+        record=args.record,
+        log=lambda m: print(m, file=sys.stderr),
+        **kwargs,
+    )
+    for line in done.checks:
+        print(f"  ok  {line}")
+    print(
+        f"[repro] imported {done.image_id} in {done.seconds:.1f}s; import record {done.record_path}"
+    )
+    return 0
+
+
 COMMANDS = {
     "bundle": cmd_bundle,
     "verify": cmd_verify,
     "report": cmd_report,
     "compare": cmd_compare,
+    "export-image": cmd_export_image,
+    "import-image": cmd_import_image,
 }
