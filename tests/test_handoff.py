@@ -162,7 +162,9 @@ def test_import_round_trip_tags_and_records_the_archive(client, exported, image,
     record = json.loads(done.record_path.read_text())
     assert schema_violations(record, "image-import") == []
     assert record["archive"]["sha256"] == exported.sha256
-    assert len(done.checks) == 4
+    assert len(done.checks) == 4 and done.checks[-1] == f"tagged {tag}"
+    again = handoff.import_image(client, exported.archive, images_dir=images, log=lambda _m: None)
+    assert again.checks[-1] == f"tagged nothing new; already tagged here: {tag}"
     # A run in this image records which archive it came from, and the artifact schema takes it.
     location = handoff.location_image(image_id, client.images.get(image_id).labels, images)
     assert location["archive_sha256"] == exported.sha256

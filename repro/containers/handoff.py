@@ -297,6 +297,7 @@ def import_image(
     checks.append(f"after loading: image id {expected_id} and its labels match the record")
 
     tags = doc["image"]["tags"]
+    missing = []
     for tag in tags:
         other = _tag_target(client, tag)
         if other is not None and other != expected_id:
@@ -304,10 +305,16 @@ def import_image(
                 f"tag {tag} already names image {other} here; not overwritten. The image "
                 f"{expected_id} is loaded untagged: tag it yourself under another name"
             )
-    for tag in tags:
+        if other is None:
+            missing.append(tag)
+    for tag in missing:  # a tag that already names this image is left alone
         repository, _, version = tag.rpartition(":")
         image.tag(repository, version)
-    checks.append(f"tagged {', '.join(tags) or '(no tags recorded)'}")
+    present = [t for t in tags if t not in missing]
+    checks.append(
+        f"tagged {', '.join(missing) or 'nothing new'}"
+        + (f"; already tagged here: {', '.join(present)}" if present else "")
+    )
 
     images_dir.mkdir(parents=True, exist_ok=True)
     import_record = {
