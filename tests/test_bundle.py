@@ -409,3 +409,19 @@ def test_not_a_gzip_file(tmp_path):
     path = tmp_path / "plain.tar.gz"
     path.write_bytes(b"hello")
     assert "not a gzip file" in problems(path)[0]
+
+
+def test_streamed_atomic_output_keeps_the_old_file_on_failure(tmp_path):
+    from repro.atomicio import open_atomic
+
+    target = tmp_path / "image.tar"
+    target.write_bytes(b"old archive")
+    with pytest.raises(RuntimeError):
+        with open_atomic(target) as out:
+            out.write(b"half of a new arch")
+            raise RuntimeError("docker save broke off")
+    assert target.read_bytes() == b"old archive"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["image.tar"]
+    with open_atomic(target) as out:
+        out.write(b"new archive")
+    assert target.read_bytes() == b"new archive"
