@@ -5,6 +5,12 @@ nox -s repro-tiny -- --out DIR --inject-fault --vllm 0.32.0 --patch FILE
 nox -s fetch-weights -- --profile qwen3.6-27b-fp8   fetch a GPU profile's weights (pinned)
 nox -s verify-weights -- --profile qwen3.6-27b-fp8  re-hash them offline
 nox -s repro-qwen -- --dry-run / repro-nemotron -- --dry-run   print a GPU profile's plan
+nox -s bundle -- RUN_DIR… --out FILE.tar.gz      deterministic evidence bundle
+nox -s verify -- FILE.tar.gz                      check a bundle (hashes, schemas, verdicts)
+nox -s report -- RUN_DIR|BUNDLE…                  Markdown for the issue tracker
+nox -s compare -- A B                             two labs' runs; non-zero when verdicts differ
+nox -s export-image -- IMAGE --out FILE.tar       image archive, sha256, record
+nox -s import-image -- FILE.tar                   check, load, re-check, tag
 nox -s tests                   the test suite (unit + real-engine integration tests)
 nox -s lint                    ruff
 """
@@ -127,6 +133,47 @@ def build_image(session: nox.Session) -> None:
     """
     session.install("-e", ".")
     session.run("python", "-m", "repro", "build-image", *session.posargs)
+
+
+def _kit_command(session: nox.Session, command: str) -> None:
+    session.install("-e", ".")
+    session.run("python", "-m", "repro", command, *session.posargs)
+
+
+@nox.session(default=False)
+def bundle(session: nox.Session) -> None:
+    """Deterministic evidence bundle of run directories (artifacts, logs, manifest, summary)."""
+    _kit_command(session, "bundle")
+
+
+@nox.session(default=False)
+def verify(session: nox.Session) -> None:
+    """Verify a bundle without extracting it; non-zero on any problem."""
+    _kit_command(session, "verify")
+
+
+@nox.session(default=False)
+def report(session: nox.Session) -> None:
+    """GitHub-flavoured Markdown of run directories or bundles."""
+    _kit_command(session, "report")
+
+
+@nox.session(default=False)
+def compare(session: nox.Session) -> None:
+    """Compare two runs (directories or bundles); non-zero when a verdict disagrees."""
+    _kit_command(session, "compare")
+
+
+@nox.session(name="export-image", default=False)
+def export_image(session: nox.Session) -> None:
+    """Save an image to FILE.tar with FILE.tar.sha256 and the archive record FILE.tar.json."""
+    _kit_command(session, "export-image")
+
+
+@nox.session(name="import-image", default=False)
+def import_image(session: nox.Session) -> None:
+    """Load an image archive only after its sha256, id and labels match its record."""
+    _kit_command(session, "import-image")
 
 
 @nox.session

@@ -38,6 +38,7 @@ __all__ = [
     "redact_env",
     "scan_document",
     "schema_path",
+    "schema_violations",
     "secrets_scan",
     "validate_artifact",
     "write_artifact",
@@ -132,6 +133,15 @@ def validate_artifact(doc: Any) -> None:
     errors = sorted(validator.iter_errors(doc), key=lambda e: (e.json_path, e.message))
     if errors:
         raise ArtifactInvalid([_describe(e) for e in errors], schema_path("run-artifact", 1))
+
+
+def schema_violations(doc: Any, name: str, version: int = 1) -> list[str]:
+    """Every violation of ``schemas/<name>.v<version>.schema.json`` by ``doc``, one line each
+    (format checking on, as for run artifacts); empty when ``doc`` is valid."""
+    errors = sorted(
+        _validator(name, version).iter_errors(doc), key=lambda e: (e.json_path, e.message)
+    )
+    return [_describe(e) for e in errors]
 
 
 def _describe(error: ValidationError) -> str:

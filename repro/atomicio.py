@@ -14,10 +14,17 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-__all__ = ["sha256_file", "write_json_atomic", "write_text_atomic"]
+__all__ = [
+    "open_atomic",
+    "sha256_file",
+    "write_bytes_atomic",
+    "write_json_atomic",
+    "write_text_atomic",
+]
 
 # Mode for a file that did not exist before. A rewritten file keeps its old mode instead.
 # mkstemp creates 0600 files; artifacts are meant to be read by others (bundles, reviewers).
@@ -30,8 +37,24 @@ def write_text_atomic(path: str | os.PathLike[str], text: str, *, encoding: str 
 
     The text is encoded before any file is created, so an unencodable string leaves no trace.
     """
+    write_bytes_atomic(path, text.encode(encoding))
+
+
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (temporary file, fsync, ``os.replace``)."""
+    with open_atomic(path) as out:
+        out.write(data)
+
+
+@contextlib.contextmanager
+def open_atomic(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
+    """A binary file that becomes ``path`` only when the ``with`` block ends without error.
+
+    For output too large to hold in memory (image archives): write in chunks, and readers of
+    ``path`` still see the old file or the complete new one. On an exception the temporary
+    file is removed and ``path`` is left as it was.
+    """
     target = Path(path)
-    data = text.encode(encoding)
     try:
         mode = target.stat().st_mode & 0o7777
     except FileNotFoundError:
@@ -40,7 +63,7 @@ def write_text_atomic(path: str | os.PathLike[str], text: str, *, encoding: str 
     try:
         with os.fdopen(fd, "wb") as tmp:
             os.fchmod(tmp.fileno(), mode)
-            tmp.write(data)
+            yield tmp
             tmp.flush()
             os.fsync(tmp.fileno())
         os.replace(tmp_name, target)

@@ -9,6 +9,8 @@ validate    validate artifact files against the schema
 fetch-weights   download a profile's model at a pinned commit and write its sha256 manifest
 verify-weights  re-hash a fetched snapshot against its manifest (offline)
 plan        print what a GPU profile's run would do (settings, hardware, mounts, memory)
+bundle, verify, report, compare, export-image, import-image   evidence that travels
+            (see repro/cli_evidence.py)
 """
 
 from __future__ import annotations
@@ -145,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="after the plan, check this machine's hardware (refuses without the GPUs)",
     )
+    from repro import cli_evidence
+
+    cli_evidence.add_parsers(sub)
     return parser
 
 
@@ -397,3 +402,12 @@ COMMANDS = {
     "base-image": cmd_base_image,
     "build-image": cmd_build_image,
 }
+
+
+def _add_evidence_commands() -> None:
+    from repro.cli_evidence import COMMANDS as EVIDENCE_COMMANDS
+
+    COMMANDS.update(EVIDENCE_COMMANDS)
+
+
+_add_evidence_commands()

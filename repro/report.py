@@ -1,0 +1,339 @@
+"""The report: GitHub-flavoured Markdown that pastes into an issue unchanged.
+
+For each run: a result table in the shape of the upstream PR's (arm, model and tensor
+parallelism, the verdict with the numbers behind it), an engagement table (prefix-cache
+queries, hits, hit ratio, speculative drafts, liveness probe) and the environment (hardware,
+vLLM version and commit, patches, image, kit, fault injection). Where the runs span several
+conditions (vLLM versions or commits, patch overlays, an injected fault), a cross-verification
+matrix follows: one row per condition, one column per arm, as in the upstream PR's second table.
+
+Everything here is a pure function of the artifacts (no clock, no paths of this machine), so
+a bundle's SUMMARY.md can be re-rendered and compared by `verify`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from repro import __version__
+from repro.runset import ARM_ORDER, Run
+
+ARM_TITLES = {"cold-race": "Cold-race", "multi-turn": "Multi-turn"}
+MARK = {"corrupted": "🔴", "clean": "✅", "inconclusive": "⚠️", "error": "❌"}
+
+
+# --- figures -------------------------------------------------------------------------------
+
+
+def engagement(doc: dict[str, Any]) -> dict[str, int] | None:
+    """APC-run counters summed over the arm's waves (the liveness probe is reported apart)."""
+    counters = (doc.get("counters") or {}).get("apc")
+    if not counters:
+        return None
+    waves = [c for name, c in counters.items() if name != "liveness"]
+    return {
+        "queries": sum(c["prefix_cache_queries"] for c in waves),
+        "hits": sum(c["prefix_cache_hits"] for c in waves),
+        "drafts": sum(c["spec_decode_num_drafts"] for c in waves),
+        "accepted": sum(c["spec_decode_num_accepted_tokens"] for c in waves),
+    }
+
+
+def hit_ratio(figures: dict[str, int] | None) -> str:
+    if not figures or not figures["queries"]:
+        return "—"
+    return f"{figures['hits'] / figures['queries']:.3f}"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def wave_numbers(doc: dict[str, Any]) -> list[str]:
+    """The seed's phrases for each graded wave: distinct outputs, one-sided flips, misses."""
+    figures = doc.get("figures") or {}
+    waves = [w for w in figures.get("waves", []) if (w.get("extra") or {}).get("graded", True)]
+    signal = (doc.get("signal") or {}).get("kind")
+    phrases = []
+    for wave in waves:
+        extra = wave.get("extra") or {}
+        n = wave["requests"]
+        parts = []
+        if extra.get("distinct_rule"):
+            outputs = _plural(wave["apc"]["distinct_outputs"], "distinct output")
+            parts.append(
+                f"{n} identical prompts → {outputs}; control: {wave['control']['distinct_outputs']}"
+            )
+        parts.append(
+            f"{wave['forward_flips']}/{n} one-sided flips vs control, "
+            f"{wave['reverse_flips']} in the benign direction"
+        )
+        if signal == "needle" and wave["apc"]["misses"] is not None:
+            parts.append(f"misses {wave['apc']['misses']} vs control {wave['control']['misses']}")
+        prefix = f"{wave['name']}: " if len(waves) > 1 else ""
+        phrases.append(prefix + "; ".join(parts))
+    return phrases
+
+
+def result_text(doc: dict[str, Any]) -> str:
+    verdict = doc["verdict"]
+    status = verdict["status"]
+    mark = MARK[status]
+    if status in ("corrupted", "clean"):
+        text = " · ".join(wave_numbers(doc))
+        signal = doc.get("signal") or {}
+        if signal.get("kind") == "logprob" and signal.get("threshold") is not None:
+            text += f" (log-prob threshold {signal['threshold']:.4f})"
+        return f"{mark} **{status}**: {text}"
+    if status == "inconclusive":
+        return f"{mark} **inconclusive ({verdict['gate']})**: {verdict['reason']}"
+    return f"{mark} **error**: {verdict['reason']}"
+
+
+def model_text(doc: dict[str, Any]) -> str:
+    profile = doc["profile"]
+    return f"{profile['model']} TP{profile['tensor_parallel_size']} ({profile['device']})"
+
+
+# --- environment ---------------------------------------------------------------------------
+
+
+def hardware_text(doc: dict[str, Any]) -> str:
+    hw = doc["hardware"]
+    cpu = hw["cpu"]
+    cores = f"{cpu['physical_cores']} cores" if cpu.get("physical_cores") else "cores unknown"
+    text = (
+        f"{cpu['model']}, {cores} / {cpu['logical_cpus']} CPUs, "
+        f"{hw['memory_bytes'] / 1024**3:.1f} GiB RAM"
+    )
+    gpus = hw.get("gpus") or []
+    if not gpus:
+        return text + "; no GPU"
+    names: dict[str, int] = {}
+    for gpu in gpus:
+        memory = f"{gpu['memory_bytes'] / 1024**3:.0f} GiB" if gpu.get("memory_bytes") else "?"
+        cc = f", CC {gpu['compute_capability']}" if gpu.get("compute_capability") else ""
+        key = f"{gpu['name']} ({memory}{cc})"
+        names[key] = names.get(key, 0) + 1
+    listed = ", ".join(f"{n}× {name}" for name, n in names.items())
+    driver = gpus[0]["driver_version"]
+    cuda = f", CUDA {hw['cuda_version']}" if hw.get("cuda_version") else ""
+    return f"{listed}, driver {driver}{cuda}; {text}"
+
+
+def vllm_text(doc: dict[str, Any]) -> str:
+    engine = doc.get("engine") or {}
+    version = engine.get("vllm_version") or doc["software"]["packages"].get("vllm") or "unknown"
+    dist = engine.get("vllm_distribution") or doc["software"]["distributions"].get("vllm")
+    commit = engine.get("vllm_commit")
+    text = f"{version}" + (f" ({dist})" if dist else "")
+    return text + (f", commit {commit}" if commit else ", commit not recorded (release build)")
+
+
+def patches_text(doc: dict[str, Any]) -> str:
+    patches = (doc.get("engine") or {}).get("patches") or []
+    if not patches:
+        return "none"
+    return ", ".join(
+        f"`{p['path'].rsplit('/', 1)[-1]}` (sha256 {p['sha256'][:12]})" for p in patches
+    )
+
+
+def image_text(run: Run) -> str:
+    image = run.first["run"]["location"].get("image")
+    if not image:
+        return "none (run on the host)"
+    text = f"`{image['id']}`"
+    archive = image.get("archive_sha256") or ((run.image_import or {}).get("archive") or {}).get(
+        "sha256"
+    )
+    if archive:
+        text += f", imported from archive sha256 `{archive}`"
+    tags = (run.image_record or {}).get("image", {}).get("tags")
+    if tags:
+        text += f" ({', '.join(tags)})"
+    return text
+
+
+def kit_text(doc: dict[str, Any]) -> str:
+    kit = doc["kit"]
+    commit = kit.get("git_commit")
+    if not commit:
+        return f"{kit['version']} (not from a git checkout)"
+    state = "dirty tree" if kit.get("dirty") else "clean tree"
+    return f"{kit['version']} @ `{commit[:12]}` ({state})"
+
+
+def fault_text(run: Run) -> str:
+    docs = run.documents
+    if not any(doc["fault_injection"]["enabled"] for doc in docs.values()):
+        return "none"
+    parts = []
+    for arm, doc in docs.items():
+        fault = doc["fault_injection"]
+        if not fault["enabled"]:
+            parts.append(f"{arm}: none")
+            continue
+        applied = fault.get("applied")
+        times = f" applied {applied}×" if applied is not None else ""
+        parts.append(f"{arm}: **{fault['kind']}**{times}")
+    return "positive control; " + ", ".join(parts)
+
+
+def model_revision_text(doc: dict[str, Any]) -> str:
+    revision = doc["profile"].get("revision")
+    return f"`{revision}`" if revision else "none pinned (built locally)"
+
+
+# --- tables --------------------------------------------------------------------------------
+
+
+def _cell(text: str) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---" for _ in header) + "|",
+    ]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def render_run(run: Run) -> list[str]:
+    first = run.first
+    lines = [f"### Run `{run.label}`", ""]
+    rows = [
+        [ARM_TITLES.get(arm, arm), model_text(doc), result_text(doc)]
+        for arm, doc in run.documents.items()
+    ]
+    lines += _table(["Arm", "Model / TP", "Result"], rows)
+    lines.append("")
+    rows = []
+    for arm, doc in run.documents.items():
+        figures = engagement(doc)
+        live = (doc.get("figures") or {}).get("liveness")
+        rows.append(
+            [
+                ARM_TITLES.get(arm, arm),
+                str(figures["queries"]) if figures else "—",
+                str(figures["hits"]) if figures else "—",
+                hit_ratio(figures),
+                str(figures["drafts"]) if figures else "—",
+                f"{live['hits']}/{live['queries']} hits" if live else "—",
+            ]
+        )
+    lines += _table(
+        ["Arm", "Prefix-cache queries", "Hits", "Hit ratio", "Drafts", "Liveness probe"], rows
+    )
+    lines.append("")
+    run_ids = ", ".join(f"`{doc['run']['id']}`" for doc in run.documents.values())
+    lines += [
+        f"- Hardware: {hardware_text(first)}",
+        f"- vLLM: {vllm_text(first)}; patches: {patches_text(first)}",
+        f"- Model revision: {model_revision_text(first)}",
+        f"- Image: {image_text(run)}",
+        f"- Fault injection: {fault_text(run)}",
+        f"- Kit: {kit_text(first)}; runs {run_ids}",
+        "",
+    ]
+    return lines
+
+
+# --- cross-verification --------------------------------------------------------------------
+
+
+def condition(doc: dict[str, Any]) -> str:
+    """What was run: vLLM version and commit, patch overlays, injected fault."""
+    engine = doc.get("engine") or {}
+    version = engine.get("vllm_version") or doc["software"]["packages"].get("vllm") or "?"
+    text = f"vLLM {version}"
+    if engine.get("vllm_commit"):
+        text += f" @ {engine['vllm_commit'][:12]}"
+    for patch in engine.get("patches") or []:
+        text += f" + {patch['path'].rsplit('/', 1)[-1]}"
+    fault = doc["fault_injection"]
+    if fault["enabled"]:
+        text += f" + injected fault ({fault['kind']})"
+    return text
+
+
+def matrix_cell(doc: dict[str, Any], cured: bool) -> str:
+    verdict = doc["verdict"]
+    figures = engagement(doc)
+    status, gate = verdict["status"], verdict["gate"]
+    if status == "corrupted":
+        hits = f", {figures['hits']} hits" if figures else ""
+        return f"🔴 corrupts (cache engaged{hits})"
+    if status == "clean":
+        word = "cured" if cured else "clean"
+        return f"✅ {word}, engaged (hit ratio {hit_ratio(figures)})"
+    if status == "inconclusive":
+        if gate == "engagement" and figures and figures["queries"] > 0 and figures["hits"] == 0:
+            return f"⚠️ zero-hit: {figures['queries']} queries, 0 hits (engagement gate)"
+        if gate == "liveness":
+            live = (doc.get("figures") or {}).get("liveness") or {}
+            return f"⚠️ zero-hit after the arm: liveness {live.get('hits', 0)} hits (liveness gate)"
+        return f"⚠️ inconclusive ({gate} gate)"
+    return "❌ error (no verdict)"
+
+
+def render_matrix(runs: list[Run]) -> list[str]:
+    rows: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for run in runs:
+        for arm, doc in run.documents.items():
+            rows.setdefault(condition(doc), {}).setdefault(arm, []).append(doc)
+    if len(rows) < 2:
+        return []
+    arms = [a for a in ARM_ORDER if any(a in r for r in rows.values())]
+    arms += sorted({a for r in rows.values() for a in r} - set(arms))
+    # "cured" only where the same arm corrupts under another condition without an injected
+    # fault: a clean run beside a positive control is clean, not cured.
+    corrupting = {
+        arm
+        for r in rows.values()
+        for arm, docs in r.items()
+        if any(
+            d["verdict"]["status"] == "corrupted" and not d["fault_injection"]["enabled"]
+            for d in docs
+        )
+    }
+    table_rows = []
+    for name, by_arm in rows.items():
+        cells = [name]
+        for arm in arms:
+            docs = by_arm.get(arm, [])
+            texts = list(dict.fromkeys(matrix_cell(d, arm in corrupting) for d in docs))
+            cells.append(" / ".join(texts) if texts else "—")
+        table_rows.append(cells)
+    lines = ["### Cross-verification", ""]
+    lines += _table(["Condition", *(ARM_TITLES.get(a, a) for a in arms)], table_rows)
+    lines += [
+        "",
+        "🔴 corrupts: the verdict is `corrupted` with the cache engaged; ✅ clean/cured: no "
+        "one-sided flips past the margin with hits and drafts; ⚠️ zero-hit or inconclusive: "
+        "the named gate stopped the arm, which is no evidence either way; one run per cell "
+        "unless several are shown.",
+        "",
+    ]
+    return lines
+
+
+def render(runs: list[Run]) -> str:
+    """The whole report for ``runs`` (run directories or bundles, see `repro.runset`)."""
+    lines = [
+        "## Hybrid-Mamba prefix-cache corruption: repro-kit results",
+        "",
+        f"{_plural(len(runs), 'run')}, rendered by repro-kit {__version__}. Arms and gates as "
+        "in upstream issue #43559's reproducer: an APC-on run against an APC-off control, "
+        "margin-graded and one-sided.",
+        "",
+    ]
+    for run in runs:
+        lines += render_run(run)
+    lines += render_matrix(runs)
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+__all__ = ["condition", "engagement", "matrix_cell", "render", "result_text", "wave_numbers"]

@@ -1,0 +1,221 @@
+"""Runs as the evidence commands see them: a run directory or a run inside a bundle.
+
+A run directory is what `python -m repro run` (or `repro-tiny`) writes: one artifact per arm
+(`cold-race.json`, `multi-turn.json`), `logs/`, and, where there is one, the image's records
+(`image-record.json` from a build, `image-import.json` from `import-image`) and the weights
+manifest (`repro-weights-manifest.json`). A bundle holds the same files under
+`runs/<label>/`; it is verified in full (`repro.bundle_verify`) before anything in it is read.
+
+Every artifact is validated against its schema on the way in: reports and comparisons are
+made from valid evidence only.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from repro.artifact import schema_violations
+from repro.errors import ReproError
+
+ARM_ORDER = ("cold-race", "multi-turn")
+IMAGE_RECORD_NAME = "image-record.json"
+IMAGE_IMPORT_NAME = "image-import.json"
+WEIGHTS_MANIFEST_NAME = "repro-weights-manifest.json"  # as repro.weights.MANIFEST_NAME
+# The schema each kind of JSON file is checked against (file name in schemas/, version 1).
+SCHEMA_OF_KIND = {
+    "run-artifact": "run-artifact",
+    "image-record": "image-record",
+    "image-import": "image-import",
+    "weights-manifest": "weights-manifest",
+}
+BUNDLE_SUFFIXES = (".tar.gz", ".tgz")
+
+
+class EvidenceError(ReproError):
+    """Input that cannot serve as evidence (missing, unreadable, invalid, unverified)."""
+
+
+@dataclass
+class Run:
+    """One run: its artifacts by arm (in ARM_ORDER) and the records that travel with it."""
+
+    label: str
+    source: str  # what the user named (a directory, or BUNDLE#runs/LABEL), for messages
+    documents: dict[str, dict[str, Any]]
+    image_record: dict[str, Any] | None = None
+    image_import: dict[str, Any] | None = None
+    weights_manifest: dict[str, Any] | None = None
+    # arm -> the artifact's file name (run directories only).
+    artifact_names: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def first(self) -> dict[str, Any]:
+        return next(iter(self.documents.values()))
+
+
+def is_bundle(path: Path) -> bool:
+    return path.is_file() and path.name.endswith(BUNDLE_SUFFIXES)
+
+
+def load(paths: list[Path]) -> list[Run]:
+    """Runs from run directories and bundles, in the order given."""
+    runs: list[Run] = []
+    for path in paths:
+        if path.is_dir():
+            runs.append(load_run_dir(path))
+        elif is_bundle(path):
+            runs.extend(load_bundle(path))
+        elif path.exists():
+            raise EvidenceError(
+                f"{path}: expected a run directory or a bundle (*.tar.gz), found a file of "
+                "another kind"
+            )
+        else:
+            raise EvidenceError(f"{path}: no such run directory or bundle")
+    labels = [r.label for r in runs]
+    for run in runs:  # several inputs may carry the same label: tell them apart in tables
+        if labels.count(run.label) > 1:
+            run.label = f"{run.label} ({run.source})"
+    return runs
+
+
+def load_run_dir(path: Path) -> Run:
+    documents: dict[str, dict[str, Any]] = {}
+    names: dict[str, str] = {}
+    records: dict[str, dict[str, Any] | None] = {}
+    for file in sorted(path.glob("*.json")):
+        if file.name.startswith("."):
+            continue  # a partial record of an arm still running
+        if file.name in (IMAGE_RECORD_NAME, IMAGE_IMPORT_NAME, WEIGHTS_MANIFEST_NAME):
+            kind = _kind_of_name(file.name)
+            records[kind] = parse_json(file.read_bytes(), str(file), kind)
+            continue
+        doc = _read_json(file)
+        if not (isinstance(doc, dict) and "arm" in doc and "schema_version" in doc):
+            continue  # not a run artifact (e.g. a plan); the evidence commands ignore it
+        _require_valid(doc, "run-artifact", str(file))
+        if doc["arm"] in documents:
+            raise EvidenceError(
+                f"{path}: two artifacts of the {doc['arm']} arm ({names[doc['arm']]} and "
+                f"{file.name}); a run directory holds one run, keep one of them"
+            )
+        documents[doc["arm"]] = doc
+        names[doc["arm"]] = file.name
+    if not documents:
+        raise EvidenceError(
+            f"{path}: no run artifacts (a *.json per arm, as `python -m repro run` writes); "
+            "give the directory a run wrote with --out"
+        )
+    return Run(
+        label=path.resolve().name,
+        source=str(path),
+        documents=order_arms(documents),
+        image_record=records.get("image-record"),
+        image_import=records.get("image-import"),
+        weights_manifest=records.get("weights-manifest"),
+        artifact_names=names,
+    )
+
+
+def load_bundle(path: Path) -> list[Run]:
+    from repro import bundle_verify
+
+    result = bundle_verify.verify_bundle(path)
+    if not result.ok:
+        problems = "\n".join(f"  - {p}" for p in result.problems)
+        raise EvidenceError(
+            f"{path}: the bundle does not verify, so nothing in it is used:\n{problems}\n"
+            f"Ask its sender for an intact copy (`python -m repro verify {path}` shows the checks)."
+        )
+    return runs_from_files(result.manifest, result.contents, source=str(path))
+
+
+def runs_from_files(
+    manifest: dict[str, Any], contents: dict[str, bytes], *, source: str
+) -> list[Run]:
+    """Runs from a bundle's verified files (path -> bytes), in the manifest's order."""
+    runs = []
+    kinds = {f["path"]: f["kind"] for f in manifest["files"]}
+    for entry in manifest["runs"]:
+        prefix = f"runs/{entry['label']}/"
+        documents: dict[str, dict[str, Any]] = {}
+        records: dict[str, dict[str, Any]] = {}
+        for name, kind in kinds.items():
+            if not name.startswith(prefix) or kind not in SCHEMA_OF_KIND:
+                continue
+            doc = json.loads(contents[name])
+            if kind == "run-artifact":
+                documents[doc["arm"]] = doc
+            else:
+                records[kind] = doc
+        runs.append(
+            Run(
+                label=entry["label"],
+                source=f"{source}#{prefix.rstrip('/')}",
+                documents=order_arms(documents),
+                image_record=records.get("image-record"),
+                image_import=records.get("image-import"),
+                weights_manifest=records.get("weights-manifest"),
+            )
+        )
+    return runs
+
+
+def order_arms(documents: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {arm: documents[arm] for arm in sorted(documents, key=_arm_rank)}
+
+
+def _arm_rank(arm: str) -> tuple[int, str]:
+    return (ARM_ORDER.index(arm) if arm in ARM_ORDER else len(ARM_ORDER), arm)
+
+
+def parse_json(data: bytes, where: str, kind: str) -> dict[str, Any]:
+    """Parse ``data`` and validate it against the schema of ``kind``; raise naming ``where``."""
+    try:
+        doc = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise EvidenceError(f"{where}: not JSON ({exc})") from exc
+    _require_valid(doc, SCHEMA_OF_KIND[kind], where)
+    return doc
+
+
+def _read_json(file: Path) -> Any:
+    try:
+        return json.loads(file.read_bytes())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise EvidenceError(f"{file}: not JSON ({exc})") from exc
+
+
+def _require_valid(doc: Any, schema: str, where: str) -> None:
+    violations = schema_violations(doc, schema)
+    if violations:
+        lines = "\n".join(f"  - {v}" for v in violations)
+        raise EvidenceError(
+            f"{where}: does not match schemas/{schema}.v1.schema.json "
+            f"({len(violations)} violation(s)):\n{lines}"
+        )
+
+
+def _kind_of_name(name: str) -> str:
+    return {
+        IMAGE_RECORD_NAME: "image-record",
+        IMAGE_IMPORT_NAME: "image-import",
+        WEIGHTS_MANIFEST_NAME: "weights-manifest",
+    }[name]
+
+
+__all__ = [
+    "ARM_ORDER",
+    "EvidenceError",
+    "Run",
+    "is_bundle",
+    "load",
+    "load_bundle",
+    "load_run_dir",
+    "order_arms",
+    "parse_json",
+    "runs_from_files",
+]

