@@ -70,7 +70,7 @@ def zero_hit() -> dict[str, Any]:
 
 def quiet_liveness() -> dict[str, Any]:
     doc = copy.deepcopy(CLEAN.documents["cold-race"])
-    doc["figures"]["liveness"].update(hits=0, passed=False)
+    doc["figures"]["liveness"].update(hits=0, cached_tokens=0, passed=False)
     return regraded(doc)
 
 
@@ -163,12 +163,12 @@ EXPECTED_RESULTS = [
     (
         zero_hit,
         "⚠️ **inconclusive (engagement)**: not engaged: zero prefix-cache hits in the APC run "
-        "(queries 4692, hits 0, drafts 94)",
+        "(queries 4692, hits 0, drafts 94, cached prompt tokens in request outputs 0)",
     ),
     (
         quiet_liveness,
         "⚠️ **inconclusive (liveness)**: liveness probe (602 tokens sent twice) got 0 hits of "
-        "602 queries: the cache went quiet",
+        "602 queries and 0 cached tokens on the second send: the cache went quiet",
     ),
     (
         geometry_gated,
