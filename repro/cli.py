@@ -331,10 +331,7 @@ def _container_model(args, profile, client, image) -> tuple[Path, str | None]:
             return path.parent.parent, f"snapshots/{path.name}"
         return path, None
     if profile.name != "tiny":
-        raise ReproError(
-            f"profile {profile.name!r} needs --model-path: the local snapshot directory of "
-            f"{profile.model} (`python -m repro fetch-weights --profile {profile.name}`)"
-        )
+        return _pinned_snapshot(profile)
     target = tinymodel.tiny_model_dir()
     if tinymodel.is_built(target):
         return target, None
@@ -346,6 +343,25 @@ def _container_model(args, profile, client, image) -> tuple[Path, str | None]:
         client, image, tinymodel.default_cache_dir(), log=lambda m: print(m, file=sys.stderr)
     )
     return model, None
+
+
+def _pinned_snapshot(profile) -> tuple[Path, str]:
+    """A GPU profile's weights at their pinned commit in the weights cache: the repo folder
+    (mounted whole, since a snapshot's files link into its blobs/) and the snapshot in it."""
+    from repro import weights
+
+    revision, _source = weights.pinned_revision(
+        profile.model, profile_revision=profile.revision, lock_path=weights.DEFAULT_LOCK
+    )
+    cache = weights.default_cache_dir()
+    snapshot = weights.snapshot_dir(cache, profile.model, revision) if revision else None
+    if snapshot is None or not snapshot.is_dir():
+        raise ReproError(
+            f"the weights of {profile.model} at the pinned commit are not in {cache}; fetch "
+            f"them (`python -m repro fetch-weights --profile {profile.name}`) or give "
+            f"--model-path SNAPSHOT"
+        )
+    return weights.repo_folder(cache, profile.model), f"snapshots/{snapshot.name}"
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -490,9 +506,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         plan.print_plan(doc)
     if args.preflight:
         preflight.check_hardware(profile, hardware)
-        raise ReproError(
-            f"the hardware for {profile.name!r} is here, but the container run is not "
-            "implemented yet (container support pending); the plan above is what it will do"
+        print(
+            f"[repro] the hardware for {profile.name!r} is here; run it with "
+            f"`python -m repro run --profile {profile.name} --container --image TAG`",
+            file=sys.stderr,
         )
     return 0
 
