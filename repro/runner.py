@@ -25,11 +25,17 @@ from typing import Any
 from repro import envinfo, evidence, grading, patching
 from repro.artifact import redact_env, validate_artifact, write_artifact
 from repro.atomicio import sha256_file, write_json_atomic
-from repro.errors import NotEvidence
+from repro.errors import NotEvidence, ReproError
 from repro.profiles import Profile, get_profile
 
 CONTEXT_ENV = "REPRO_RUN_CONTEXT"
 FAULT_ENV = "REPRO_INJECT_FAULT"
+# Set by the host for a run in one of the kit's images (repro/containers/run.py): the image's
+# id and labels as JSON. A process inside a container cannot see its own image.
+IMAGE_ENV = "REPRO_IMAGE"
+# Written by a run inside a container before its first arm: the facts of the image's
+# environment, which the host needs for an `error` record if the container dies mid-run.
+FACTS_FILE = ".container-facts.json"
 DEFAULT_FAULT_KIND = "restored-state-noise"
 DEFAULT_ARM_TIMEOUT_S = 30 * 60
 _TOKEN_PATTERN = re.compile(r"hf_[A-Za-z0-9]{20,}")
@@ -63,36 +69,79 @@ def run_profile(
     command: list[str] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Run each arm in a child process; return the written documents by arm."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    _check_writable(out_dir)
+    check_writable(out_dir)
     (out_dir / "logs").mkdir(exist_ok=True)
     run_id = new_run_id()
+    if os.environ.get("REPRO_IN_CONTAINER") == "1":
+        facts = _facts({})
+        write_json_atomic(out_dir / FACTS_FILE, {k: facts[k] for k in CONTAINER_FACTS})
     documents = {}
     for arm in arms:
-        context = {
-            "run_id": f"{run_id}-{arm}",
-            "started_at": utc_now(),
-            "command": command or ["python", "-m", "repro", *sys.argv[1:]],
-            "kit": envinfo.collect_kit(os.environ.get("REPRO_KIT_CHECKOUT")),
-            "profile": profile.name,
-            "device": profile.device,
-            "model_path": model_path,
-            "overrides": overrides,
-            "fault_kind": fault_kind,
-        }
+        context = arm_context(
+            run_id=run_id,
+            arm=arm,
+            command=command or ["python", "-m", "repro", *sys.argv[1:]],
+            profile=profile,
+            model_path=model_path,
+            overrides=overrides,
+            fault_kind=fault_kind,
+        )
         documents[arm] = _run_arm_child(arm, context, out_dir, arm_timeout_s)
     return documents
 
 
-def _check_writable(out_dir: Path) -> None:
+def arm_context(
+    *,
+    run_id: str,
+    arm: str,
+    command: list[str],
+    profile: Profile,
+    model_path: str,
+    overrides: dict[str, Any],
+    fault_kind: str | None,
+) -> dict[str, Any]:
+    """What one arm's child (or a record written for it) needs to know about the run."""
+    return {
+        "run_id": f"{run_id}-{arm}",
+        "started_at": utc_now(),
+        "command": command,
+        "kit": _kit(),
+        "profile": profile.name,
+        "device": profile.device,
+        "model_path": model_path,
+        "overrides": overrides,
+        "fault_kind": fault_kind,
+    }
+
+
+def _kit() -> dict[str, Any]:
+    """The kit's facts; inside an image, the commit its kit was copied from (its labels)."""
+    kit = envinfo.collect_kit(os.environ.get("REPRO_KIT_CHECKOUT"))
+    image = image_from_env()
+    if kit["git_commit"] is None and image is not None:
+        labels = image["labels"]
+        commit = labels.get("org.opencontainers.image.revision", "")
+        if re.fullmatch(r"[0-9a-f]{40}", commit):
+            dirty = labels.get("io.repro-kit.dirty")
+            kit = {**kit, "git_commit": commit, "dirty": {"true": True, "false": False}.get(dirty)}
+    return kit
+
+
+class OutputNotWritable(ReproError, PermissionError):
+    """The output directory cannot be written: no record can be kept there."""
+
+
+def check_writable(out_dir: Path) -> None:
+    """Make ``out_dir`` and prove a file can be written in it, or say what to do."""
     probe = out_dir / f".write-test-{os.getpid()}"
     try:
+        out_dir.mkdir(parents=True, exist_ok=True)
         probe.write_text("")
         probe.unlink()
     except OSError as exc:
-        raise PermissionError(
-            f"output directory {out_dir} is not writable ({exc.strerror}); "
-            f"choose another with --out or fix its permissions"
+        raise OutputNotWritable(
+            f"output directory {out_dir} is not writable ({exc.strerror or exc}); "
+            f"choose another with --out or fix its permissions (no record can be kept there)"
         ) from exc
 
 
@@ -141,14 +190,46 @@ def _run_arm_child(
             if timed_out
             else f"exited with status {returncode} before writing its record"
         )
-        doc = _crash_document(arm, context, reason, log_path)
-    doc["logs"] = [
-        {"path": log_rel, "bytes": log_path.stat().st_size, "sha256": sha256_file(log_path)}
-    ]
+        doc = _crash_document(arm, context, f"the {arm} arm's process {reason}", log_path)
+    doc["logs"] = [log_entry(out_dir, log_rel)]
     doc["run"]["duration_s"] = round(max(doc["run"]["duration_s"], elapsed), 3)
     target = out_dir / f"{arm}.json"
     write_artifact(doc, target)
     partial.unlink(missing_ok=True)
+    return doc
+
+
+def log_entry(out_dir: Path, rel: str) -> dict[str, Any]:
+    path = out_dir / rel
+    return {"path": rel, "bytes": path.stat().st_size, "sha256": sha256_file(path)}
+
+
+def write_error_record(
+    *,
+    arm: str,
+    context: dict[str, Any],
+    what: str,
+    out_dir: Path,
+    logs: list[str],
+    facts: dict[str, Any] | None = None,
+    error_type: str = "ArmProcessFailed",
+    phase: str = "arm",
+    duration_s: float = 0.0,
+) -> dict[str, Any]:
+    """Write ``<arm>.json`` as an `error` record saying ``what`` happened; return it.
+
+    ``logs`` are paths relative to ``out_dir`` (missing ones are left out; the first one that
+    exists gives the message its last lines). ``facts`` replace this process's own facts where
+    the run happened elsewhere (a container: see FACTS_FILE).
+    """
+    kept = [rel for rel in logs if (out_dir / rel).is_file()]
+    tail_of = out_dir / kept[0] if kept else out_dir / "logs" / "missing.log"
+    doc = _crash_document(
+        arm, context, what, tail_of, facts=facts, error_type=error_type, phase=phase
+    )
+    doc["logs"] = [log_entry(out_dir, rel) for rel in kept]
+    doc["run"]["duration_s"] = round(duration_s, 3)
+    write_artifact(doc, out_dir / f"{arm}.json")
     return doc
 
 
@@ -161,25 +242,34 @@ def _tee(stream, log) -> None:
         sys.stdout.flush()
 
 
-def _crash_document(arm: str, context: dict[str, Any], reason: str, log_path: Path) -> dict:
+def _crash_document(
+    arm: str,
+    context: dict[str, Any],
+    what: str,
+    log_path: Path,
+    *,
+    facts: dict[str, Any] | None = None,
+    error_type: str = "ArmProcessFailed",
+    phase: str = "arm",
+) -> dict:
     profile = _profile(context)
     doc = evidence.base_document(
         arm=arm,
-        context=_facts(context),
+        context={**context, **facts} if facts else _facts(context),
         profile=profile,
         model_path=context["model_path"],
         fault_kind=context["fault_kind"],
     )
     tail = _tail(log_path)
     doc["error"] = {
-        "type": "ArmProcessFailed",
-        "message": f"the {arm} arm's process {reason}; last log lines:\n{tail}",
-        "phase": "arm",
+        "type": error_type,
+        "message": f"{what}; last log lines:\n{tail}",
+        "phase": phase,
     }
     doc["verdict"] = {
         "status": "error",
         "gate": None,
-        "reason": f"the {arm} arm's process {reason}; see {log_path.name}",
+        "reason": f"{what}; see {log_path.name}",
     }
     doc["run"]["finished_at"] = utc_now()
     return doc
@@ -197,6 +287,19 @@ def _profile(context: dict[str, Any]) -> Profile:
     return get_profile(context["profile"]).for_device(context["device"])
 
 
+# The facts of _facts() that belong to the environment, not to one arm.
+CONTAINER_FACTS = (
+    "hardware",
+    "software",
+    "location",
+    "environment",
+    "vllm_version",
+    "vllm_distribution",
+    "vllm_commit",
+    "patches",
+)
+
+
 def _facts(context: dict[str, Any]) -> dict[str, Any]:
     """Context plus the facts of this interpreter's environment and machine."""
     software = envinfo.collect_software()
@@ -205,7 +308,7 @@ def _facts(context: dict[str, Any]) -> dict[str, Any]:
         **context,
         "hardware": envinfo.collect_hardware(),
         "software": software,
-        "location": envinfo.run_location(_image_from_env()),
+        "location": envinfo.run_location(image_from_env()),
         "environment": redact_env(),
         "vllm_version": vllm_pkg or "not installed",
         "vllm_distribution": software["distributions"].get("vllm") or "vllm",
@@ -214,9 +317,36 @@ def _facts(context: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _image_from_env() -> dict[str, Any] | None:
-    raw = os.environ.get("REPRO_IMAGE")
-    return json.loads(raw) if raw else None
+def image_from_env() -> dict[str, Any] | None:
+    """The image this run is in (id and labels), as the host passed it; None on a host.
+
+    Only read inside one of the kit's images (REPRO_IN_CONTAINER=1): a stray REPRO_IMAGE on a
+    host must not turn a host run into a claimed container run. Malformed values are refused
+    by name, since a record with a wrong image id would be worse than none.
+    """
+    raw = os.environ.get(IMAGE_ENV)
+    if os.environ.get("REPRO_IN_CONTAINER") != "1" or not raw:
+        return None
+    try:
+        image = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ReproError(
+            f"{IMAGE_ENV} is not JSON ({exc}); it is set by `--container` runs"
+        ) from exc
+    if (
+        not isinstance(image, dict)
+        or not re.fullmatch(r"sha256:[0-9a-f]{64}", str(image.get("id")))
+        or not isinstance(image.get("labels"), dict)
+    ):
+        raise ReproError(
+            f'{IMAGE_ENV} must be {{"id": "sha256:<64 hex>", "labels": {{...}}}}, got {raw[:200]!r}'
+        )
+    found = {"id": image["id"], "labels": {str(k): str(v) for k, v in image["labels"].items()}}
+    if isinstance(image.get("tags"), list):
+        found["tags"] = [str(t) for t in image["tags"]]
+    if re.fullmatch(r"[0-9a-f]{64}", str(image.get("archive_sha256", ""))):
+        found["archive_sha256"] = image["archive_sha256"]
+    return found
 
 
 # --- child -------------------------------------------------------------------------------

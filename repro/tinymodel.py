@@ -83,11 +83,21 @@ def default_cache_dir() -> Path:
     return Path(root) / "models"
 
 
+def tiny_model_dir(cache_dir: Path | None = None, recipe: dict = RECIPE) -> Path:
+    """Where the tiny model of `recipe` lives (built or not)."""
+    cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+    return cache_dir / f"tiny-qwen3-next-{recipe_digest(recipe)[:16]}"
+
+
+def is_built(target: Path) -> bool:
+    return (target / "config.json").is_file() and (target / "recipe.json").is_file()
+
+
 def ensure_tiny_model(cache_dir: Path | None = None, recipe: dict = RECIPE) -> Path:
     """Return the directory of the tiny model for `recipe`, building it if it is missing."""
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
-    target = cache_dir / f"tiny-qwen3-next-{recipe_digest(recipe)[:16]}"
-    if (target / "config.json").is_file() and (target / "recipe.json").is_file():
+    target = tiny_model_dir(cache_dir, recipe)
+    if is_built(target):
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)
     # Build beside the target and rename: a crashed build never looks like a finished one.

