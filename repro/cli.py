@@ -179,6 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="print a profile's run plan (table, then JSON)")
     plan.add_argument("--profile", required=True)
     plan.add_argument("--cache", type=Path, help="weights cache folder")
+    plan.add_argument(
+        "--vllm", default=None, help="vLLM ref the CUDA image is built for (default 0.32.0)"
+    )
     plan.add_argument("--out", type=Path, help="output folder the container would write")
     plan.add_argument("--json", action="store_true", help="print the JSON only")
     plan.add_argument(
@@ -504,7 +507,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     profile = get_profile(args.profile)
     hardware = envinfo.collect_hardware()
-    doc = plan.build_plan(profile, hardware=hardware, cache=args.cache, out_dir=args.out)
+    doc = plan.build_plan(
+        profile, hardware=hardware, cache=args.cache, out_dir=args.out, vllm_ref=args.vllm
+    )
     if args.json:
         print(json.dumps(doc, indent=2))
     else:

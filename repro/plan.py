@@ -34,6 +34,10 @@ CONTAINER_OUT = "/out"
 # The CUDA image cannot be built on the kit's development machine (no registry): the plan
 # names what the run needs instead of an image id.
 IMAGE_CUDA = "the kit's CUDA image (containers/cuda.Dockerfile), given with --image TAG"
+# The vLLM a GPU profile's image is built for unless --vllm says otherwise, and its CUDA
+# variant: the newest release whose torch pin containers/base-images.json records.
+DEFAULT_GPU_VLLM = "0.32.0"
+DEFAULT_CUDA_VARIANT = "cu130"
 UNRESOLVED = "unresolved: first fetch pins it"
 
 # Known sizes of the profiles' checkpoints: (parameters, bytes per parameter, where from).
@@ -92,6 +96,33 @@ def _runs(profile: Profile) -> dict[str, dict[str, Any]]:
     return runs
 
 
+def image_pins(vllm_ref: str, cuda_variant: str) -> dict[str, Any]:
+    """Every input the CUDA image would be built from (containers/cuda.Dockerfile's build
+    arguments), or, where one is not pinned yet, which one and how to pin it."""
+    from repro.containers import build, pins
+
+    table = pins.load_pins()
+    try:
+        args = build.cuda_build_args(vllm_ref=vllm_ref, cuda_variant=cuda_variant, pins=table)
+    except (build.BuildError, pins.PinError) as exc:
+        # Show what is pinned beside what is not, so the gap is the only unknown.
+        base = table.get("cuda", {}).get(cuda_variant) or {}
+        known = {
+            "BASE_IMAGE": f"{base.get('image')}:{base.get('tag')} (no digest)" if base else None,
+            "PYTHON_VERSION": base.get("python"),
+            "CUDA_VARIANT": cuda_variant,
+            "TORCH_VERSION": pins.torch_pin(table, "cuda", vllm_ref),
+            "VLLM_REF": vllm_ref,
+        }
+        return {
+            "vllm_ref": vllm_ref,
+            "cuda_variant": cuda_variant,
+            "build_args": {k: v for k, v in known.items() if v},
+            "unpinned": str(exc),
+        }
+    return {"vllm_ref": vllm_ref, "cuda_variant": cuda_variant, "build_args": args}
+
+
 def build_plan(
     profile: Profile,
     *,
@@ -99,6 +130,7 @@ def build_plan(
     cache: Path | None = None,
     out_dir: Path | None = None,
     lock_path: Path = weights.DEFAULT_LOCK,
+    vllm_ref: str | None = None,
 ) -> dict[str, Any]:
     """The plan of ``profile`` on a machine with ``hardware`` (``envinfo.collect_hardware()``)."""
     has_weights = profile.device == "cuda"
@@ -113,6 +145,7 @@ def build_plan(
     weights_section = None
     container: dict[str, Any] = {"image": IMAGE_CUDA, "network": "none"}
     if has_weights:
+        container["image_pins"] = image_pins(vllm_ref or DEFAULT_GPU_VLLM, DEFAULT_CUDA_VARIANT)
         revision, source = weights.pinned_revision(
             profile.model, profile_revision=profile.revision, lock_path=lock_path
         )
@@ -241,6 +274,13 @@ def print_plan(doc: dict[str, Any], *, with_json: bool = True) -> None:
         summary.add_row("manifest", "present" if w["manifest_present"] else "absent")
     container = doc["container"]
     summary.add_row("container image", container["image"])
+    pinned = container.get("image_pins")
+    if pinned:
+        summary.add_row("image vLLM", f"{pinned['vllm_ref']} ({pinned['cuda_variant']})")
+        for key, value in (pinned.get("build_args") or {}).items():
+            summary.add_row(f"image {key}", value)
+        if "unpinned" in pinned:
+            summary.add_row("image pins", f"NOT PINNED: {pinned['unpinned']}")
     summary.add_row("network", container["network"])
     for mount in container.get("mounts", []):
         mode = "ro" if mount["read_only"] else "rw"
