@@ -481,10 +481,19 @@ def test_image_selection_finds_the_image_of_this_kit(docker_client, cpu_image):
 # --- runs in the image ---------------------------------------------------------------------------
 
 
-def _kit_containers(client) -> list:
+def _kit_containers(client, out: Path | None = None) -> list:
+    """The kit's containers on this daemon; with ``out``, only those writing there.
+
+    Another run on the same host (a second checkout, a person's own run) must be neither
+    read nor killed by a test: the output mount tells this test's container apart.
+    """
     from repro.containers.run import RUN_LABEL
 
-    return client.containers.list(all=True, filters={"label": RUN_LABEL})
+    found = client.containers.list(all=True, filters={"label": RUN_LABEL})
+    if out is None:
+        return found
+    source = str(Path(out).resolve())
+    return [c for c in found if any(m.get("Source") == source for m in c.attrs.get("Mounts", []))]
 
 
 def _load(out: Path, arm: str) -> dict:
@@ -502,7 +511,7 @@ def _run_in_image(run_kit_popen, client, out: Path, *args: str, on_start=None):
     settings = None
     deadline = time.monotonic() + 600
     while settings is None and proc.poll() is None and time.monotonic() < deadline:
-        running = [c for c in _kit_containers(client) if c.status == "running"]
+        running = [c for c in _kit_containers(client, out) if c.status == "running"]
         if running:
             settings = running[0].attrs
             if on_start is not None:
@@ -605,7 +614,7 @@ def test_both_arms_clean_and_engaged_in_the_image(clean_run, cpu_image, arm):
 @pytest.mark.docker
 @pytest.mark.engine
 def test_no_container_is_left_after_a_run(clean_run, docker_client):
-    assert _kit_containers(docker_client) == []
+    assert _kit_containers(docker_client, clean_run[0]) == []
 
 
 @pytest.mark.docker
@@ -657,7 +666,7 @@ def test_killed_container_leaves_error_records_and_no_container(
     cold = _load(tmp_path, "cold-race")
     assert "logs/cold-race.log" in {entry["path"] for entry in cold["logs"]}
     assert cold["software"]["packages"]["vllm"] == "0.32.0"
-    assert _kit_containers(docker_client) == []
+    assert _kit_containers(docker_client, tmp_path) == []
 
 
 # --- faults that stop a run before any container -------------------------------------------------
