@@ -15,6 +15,7 @@ import io
 import json
 import os
 import shutil
+import tarfile
 import uuid
 from pathlib import Path
 
@@ -24,7 +25,6 @@ from repro.artifact import schema_violations, validate_artifact
 from repro.containers import handoff
 from repro.containers.handoff import HandoffError
 
-BASE_TAG = os.environ.get("REPRO_TEST_BASE_TAG", "repro-kit/debian-base:bookworm")
 REPO = "repro-kit-test/handoff"
 FIXTURE = Path(__file__).parent / "fixtures" / "runs" / "clean" / "cold-race.json"
 
@@ -45,22 +45,33 @@ def client():
         client = docker_client()
     except DockerUnavailable as exc:
         _skip_or_fail(str(exc))
-    import docker
-
-    try:
-        client.images.get(BASE_TAG)
-    except docker.errors.ImageNotFound:
-        _skip_or_fail(f"base image {BASE_TAG} is missing; make it: python -m repro base-image")
     return client
 
 
 @pytest.fixture(scope="module")
-def image(client):
+def base_tag(client):
+    """A one-file image made here with `docker import` (nothing to pull, no debootstrap), so
+    the hand-off tests need no other image on the daemon; removed afterwards."""
+    data = b"repro-kit hand-off test image\n"
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        info = tarfile.TarInfo("README")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    repository, tag = f"{REPO}-base", uuid.uuid4().hex[:12]
+    client.api.import_image_from_data(buffer.getvalue(), repository=repository, tag=tag)
+    reference = f"{repository}:{tag}"
+    yield reference
+    _remove(client, client.images.get(reference).id)
+
+
+@pytest.fixture(scope="module")
+def image(client, base_tag):
     """A small labelled image made for this module; removed afterwards with its tags."""
     token = uuid.uuid4().hex[:12]
     tag = f"{REPO}:{token}"
     dockerfile = (
-        f"FROM {BASE_TAG}\n"
+        f"FROM {base_tag}\n"
         f'LABEL io.repro-kit.test.handoff="{token}" org.opencontainers.image.title="handoff"\n'
     )
     built, _ = client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=tag, rm=True)
@@ -173,16 +184,16 @@ def test_import_round_trip_tags_and_records_the_archive(client, exported, image,
     validate_artifact(doc)
 
 
-def test_import_never_moves_an_existing_tag(client, exported, image, tmp_path):
+def test_import_never_moves_an_existing_tag(client, exported, image, base_tag, tmp_path):
     image_id, tag, _ = image
     record = json.loads(exported.record_path.read_text())
-    record["image"]["tags"] = [BASE_TAG]  # names another image here
+    record["image"]["tags"] = [base_tag]  # names another image here
     path = tmp_path / "retag.json"
     path.write_text(json.dumps(record))
-    base_id = client.images.get(BASE_TAG).id
+    base_id = client.images.get(base_tag).id
     with pytest.raises(HandoffError, match="already names image .* not overwritten"):
         handoff.import_image(client, exported.archive, record=path, log=lambda _m: None)
-    assert client.images.get(BASE_TAG).id == base_id
+    assert client.images.get(base_tag).id == base_id
 
 
 def test_missing_record_and_unknown_image_are_named(client, tmp_path):
