@@ -28,6 +28,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 
 from repro.atomicio import write_json_atomic
+from repro.errors import ValidationUnavailable
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -36,6 +37,7 @@ __all__ = [
     "SchemaNotFound",
     "load_schema",
     "redact_env",
+    "require_validation",
     "scan_document",
     "schema_path",
     "schema_violations",
@@ -115,9 +117,10 @@ def _validator(name: str, version: int) -> Draft202012Validator:
     # jsonschema silently skips formats whose checker library is missing; for date-time that
     # is rfc3339-validator, which the jsonschema[format-nongpl] extra installs.
     if "date-time" not in checker.checkers:
-        raise RuntimeError(
+        raise ValidationUnavailable(
             "jsonschema cannot check the date-time format here, so timestamps would go "
-            "unchecked; install the extra: pip install 'jsonschema[format-nongpl]'"
+            "unchecked; install the extra: pip install 'jsonschema[format-nongpl]' (on a "
+            "host without network: carry its wheels, e.g. rfc3339-validator)"
         )
     schema = load_schema(name, version)
     Draft202012Validator.check_schema(schema)
@@ -125,6 +128,15 @@ def _validator(name: str, version: int) -> Draft202012Validator:
 
 
 # --- validation ----------------------------------------------------------------------------
+
+
+def require_validation() -> None:
+    """Raise ``ValidationUnavailable`` now if artifacts could not be validated in this Python.
+
+    Called before any engine starts: finding out only when the first record is written
+    would throw away an arm's figures after minutes of work.
+    """
+    _validator("run-artifact", 1)
 
 
 def validate_artifact(doc: Any) -> None:

@@ -52,3 +52,7 @@ class HardwareUnavailable(ReproError):
 
 class PatchError(ReproError):
     """A --patch file does not apply to the installed vLLM."""
+
+
+class ValidationUnavailable(ReproError):
+    """Artifacts cannot be fully validated in this Python (a checker library is missing)."""

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from repro import envinfo, evidence, grading, patching
-from repro.artifact import redact_env, validate_artifact, write_artifact
+from repro.artifact import redact_env, require_validation, validate_artifact, write_artifact
 from repro.atomicio import sha256_file, write_json_atomic
 from repro.errors import NotEvidence, ReproError
 from repro.profiles import Profile, get_profile
@@ -70,6 +70,7 @@ def run_profile(
 ) -> dict[str, dict[str, Any]]:
     """Run each arm in a child process; return the written documents by arm."""
     check_writable(out_dir)
+    require_validation()
     (out_dir / "logs").mkdir(exist_ok=True)
     run_id = new_run_id()
     if os.environ.get("REPRO_IN_CONTAINER") == "1":
@@ -190,7 +191,13 @@ def _run_arm_child(
             if timed_out
             else f"exited with status {returncode} before writing its record"
         )
-        doc = _crash_document(arm, context, f"the {arm} arm's process {reason}", log_path)
+        what = f"the {arm} arm's process {reason}"
+        if partial.is_file():
+            # The arm measured but its record did not validate: keep the figures for a human.
+            kept = out_dir / f"{arm}.unvalidated.json"
+            os.replace(partial, kept)
+            what += f"; its figures, which failed validation, are kept in {kept.name}"
+        doc = _crash_document(arm, context, what, log_path)
     doc["logs"] = [log_entry(out_dir, log_rel)]
     doc["run"]["duration_s"] = round(max(doc["run"]["duration_s"], elapsed), 3)
     target = out_dir / f"{arm}.json"
@@ -401,10 +408,11 @@ def run_arm_in_this_process(arm: str, out_dir: Path) -> int:
         }
     doc["run"]["finished_at"] = utc_now()
     doc["run"]["duration_s"] = round(time.monotonic() - started, 3)
-    # Validate here too (with a placeholder log entry) so a malformed document shows up in
-    # the arm's own log, next to the figures that produced it.
-    validate_artifact({**doc, "logs": [{"path": "pending", "bytes": 0, "sha256": "0" * 64}]})
+    # Written before validating, so figures that fail validation are not lost (the parent
+    # keeps them beside the error record); validated here too (with a placeholder log entry)
+    # so a malformed document shows up in the arm's own log, next to its figures.
     write_json_atomic(out_dir / f".{arm}.partial.json", doc)
+    validate_artifact({**doc, "logs": [{"path": "pending", "bytes": 0, "sha256": "0" * 64}]})
     print(
         f"[repro] {arm}: {doc['verdict']['status']}"
         f"{' (' + doc['verdict']['gate'] + ')' if doc['verdict']['gate'] else ''}"

@@ -626,3 +626,37 @@ def test_redacted_env_is_schema_valid_and_never_secret_named(env):
     doc = example()
     doc["engine"]["environment"] = kept
     validate_artifact(doc)
+
+
+def test_a_run_refuses_before_any_engine_when_timestamps_cannot_be_checked(
+    tmp_path, monkeypatch
+):
+    # A Python without jsonschema's date-time checker (rfc3339-validator missing, as on a GPU
+    # host that got jsonschema alone) must be refused up front, not after an arm's minutes.
+    from jsonschema import FormatChecker
+
+    from repro import runner
+    from repro.errors import ValidationUnavailable
+    from repro.profiles import get_profile
+
+    without = FormatChecker(
+        formats=[f for f in Draft202012Validator.FORMAT_CHECKER.checkers if f != "date-time"]
+    )
+    monkeypatch.setattr(Draft202012Validator, "FORMAT_CHECKER", without)
+    artifact._validator.cache_clear()
+    started = []
+    monkeypatch.setattr(runner, "_run_arm_child", lambda *a, **k: started.append(a))
+    try:
+        with pytest.raises(ValidationUnavailable, match="format-nongpl"):
+            runner.run_profile(
+                profile=get_profile("tiny"),
+                model_path=str(tmp_path / "model"),
+                out_dir=tmp_path / "out",
+                arms=["cold-race"],
+                fault_kind=None,
+                overrides={},
+            )
+    finally:
+        artifact._validator.cache_clear()
+    assert started == []
+    assert not list((tmp_path / "out").glob("*.json"))
