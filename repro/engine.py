@@ -115,14 +115,9 @@ class Engine:
         settings: dict[str, Any],
         optional_settings: dict[str, Any] | None = None,
         env: dict[str, str] | None = None,
-        salt_requests: bool = False,
     ) -> None:
         self.model = model
         self.settings = dict(settings)
-        # Every request gets a cache salt of its own: it can read no block another request
-        # wrote (a control that runs on an APC engine; see Profile.control_cache).
-        self.salt_requests = salt_requests
-        self._salts_used = 0
         self.optional_settings = dict(optional_settings or {})
         self.env = dict(env or {})
         self.applied_settings: dict[str, Any] = {}
@@ -230,14 +225,7 @@ class Engine:
             ignore_eos=sampling.ignore_eos,
             logprobs=sampling.logprobs,
         )
-        batch: list[Any] = [
-            {"prompt": p} if isinstance(p, str) else {"prompt_token_ids": list(p)}
-            for p in prompts
-        ]
-        if self.salt_requests:
-            for item in batch:
-                self._salts_used += 1
-                item["cache_salt"] = f"repro-control-{self._salts_used}"
+        batch = [p if isinstance(p, str) else {"prompt_token_ids": list(p)} for p in prompts]
         outputs = self.llm.generate(batch, params, use_tqdm=False)
         return [_completion(out) for out in outputs]
 

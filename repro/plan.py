@@ -81,7 +81,7 @@ def _runs(profile: Profile) -> dict[str, dict[str, Any]]:
     runs = {}
     for arm in profile.arms:
         per_arm = {}
-        for run, apc in (("apc", True), ("control", profile.control_prefix_caching)):
+        for run, apc in (("apc", True), ("control", False)):
             try:
                 per_arm[run] = profile.engine_settings(arm=arm, prefix_caching=apc)
             except ValueError:

@@ -47,11 +47,6 @@ class Profile:
     extra_env: dict[str, str] = field(default_factory=dict)
     ignore_eos: bool = False
     why_arms: str = ""
-    # How the control avoids the prefix cache. "off": an engine with prefix caching off
-    # (upstream's control). "salted": the APC run's own engine settings, every control
-    # request under a cache salt of its own, so it reads nothing from the cache yet is
-    # scheduled as the APC run is (align-mode chunk ends at Mamba block boundaries).
-    control_cache: str = "off"
 
     def engine_settings(
         self, *, arm: str, prefix_caching: bool, mamba_block_size: int | None = None
@@ -86,16 +81,6 @@ class Profile:
         # An extra setting of None removes the key (e.g. `speculative_config=None` to run
         # without MTP, which the engagement gate must then catch).
         return {key: value for key, value in settings.items() if value is not None}
-
-    @property
-    def control_prefix_caching(self) -> bool:
-        """Whether the control's engine has prefix caching on (see `control_cache`)."""
-        if self.control_cache not in ("off", "salted"):
-            raise ValueError(
-                f"profile {self.name!r}: control_cache must be 'off' or 'salted', "
-                f"found {self.control_cache!r}"
-            )
-        return self.control_cache == "salted"
 
     def with_overrides(self, overrides: dict[str, Any]) -> Profile:
         """This profile with engine settings replaced (recorded in the artifact)."""
@@ -161,12 +146,6 @@ TINY = Profile(
     },
     # A random model may emit EOS at any step; the arms need outputs of a known length.
     ignore_eos=True,
-    # The logprob signal compares single requests, so the control must differ from the APC
-    # run in cache reads alone. With prefix caching off, vLLM also stops flooring prefill
-    # chunk ends to Mamba block boundaries, so control and APC requests were split at other
-    # places; on an H200 that alone moved first-token log-probabilities by up to ~0.09 (the
-    # GDN kernels round differently per split), above the kit's noise ceiling.
-    control_cache="salted",
     why_arms="both arms, graded on first-token log-probabilities (random weights)",
 )
 

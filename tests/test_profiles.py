@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 from repro import preflight, profiles
@@ -44,17 +42,6 @@ def test_control_differs_only_in_prefix_caching():
             apc = profile.engine_settings(arm=arm, prefix_caching=True, mamba_block_size=64)
             control = profile.engine_settings(arm=arm, prefix_caching=False, mamba_block_size=64)
             assert {k for k in apc if apc[k] != control.get(k)} == {"enable_prefix_caching"}
-
-
-def test_tiny_control_is_salted_and_gpu_profiles_keep_upstreams_apc_off_control():
-    # The logprob signal compares single requests: its control must be scheduled as the APC
-    # run is (profiles.TINY's comment). Upstream's needle profiles keep their control.
-    assert profiles.TINY.control_prefix_caching is True
-    assert profiles.TINY.for_device("cuda").control_prefix_caching is True
-    for name in ("qwen3.6-27b-fp8", "nemotron-super"):
-        assert profiles.get_profile(name).control_prefix_caching is False
-    with pytest.raises(ValueError, match="control_cache must be 'off' or 'salted'"):
-        _ = replace(profiles.TINY, control_cache="sometimes").control_prefix_caching
 
 
 def test_override_replaces_and_null_removes():

@@ -19,9 +19,7 @@ from repro.arms.common import (
     engagement_of,
     measure_block_size,
     record,
-    check_control_read_nothing,
     run_wave,
-    start_control,
     start_engine,
 )
 from repro.profiles import Profile
@@ -68,12 +66,13 @@ def run_cold_race(profile: Profile, model_path: str, timer: PhaseTimer | None = 
         run_wave(engine, [probe.prompt(0)], sampling, timer)
         probe_again, apc.counters["liveness"] = run_wave(engine, [probe.prompt(0)], sampling, timer)
 
-    with start_control(profile, model_path, arm=arm, mamba_block_size=block_size) as engine:
+    with start_engine(
+        profile, model_path, arm=arm, prefix_caching=False, mamba_block_size=block_size
+    ) as engine:
         timer.add("boot", engine.boot_seconds)
         control = record(engine)
         ctl_w1, control.counters["wave1"] = run_wave(engine, wave1, sampling, timer)
         ctl_w2, control.counters["wave2"] = run_wave(engine, wave2, sampling, timer)
-    check_control_read_nothing(ctl_w1 + ctl_w2)
 
     codes_w1 = [haystack.codes[0]] * len(wave1) if profile.signal == "needle" else None
     codes_w2 = list(haystack.codes) if profile.signal == "needle" else None

@@ -9,7 +9,6 @@ from typing import Any
 
 from repro import grading, prompts
 from repro.engine import Completion, Counters, Engine, Geometry, Sampling
-from repro.errors import ControlQualityFailure
 from repro.profiles import Profile
 
 
@@ -75,33 +74,6 @@ def start_engine(
     )
 
 
-def start_control(
-    profile: Profile, model_path: str, *, arm: str, mamba_block_size: int | None = None
-) -> Engine:
-    """The control's engine: prefix caching off, or the APC settings with salted requests."""
-    salted = profile.control_prefix_caching
-    return Engine(
-        model=model_path,
-        settings=profile.engine_settings(
-            arm=arm, prefix_caching=salted, mamba_block_size=mamba_block_size
-        ),
-        optional_settings=profile.optional_settings,
-        env=profile.engine_env(),
-        salt_requests=salted,
-    )
-
-
-def check_control_read_nothing(completions: list[Completion]) -> None:
-    """A control that read cached tokens is no control (salting failed, or a vLLM ignores it)."""
-    read = [c.num_cached_tokens or 0 for c in completions]
-    if any(read):
-        raise ControlQualityFailure(
-            f"the control read {sum(read)} cached prompt tokens in {sum(1 for r in read if r)} "
-            f"of {len(read)} requests; it must compute every token itself (per-request cache "
-            f"salts did not keep it off the prefix cache)"
-        )
-
-
 def measure_block_size(profile: Profile, model_path: str, timer: PhaseTimer) -> int | None:
     """Mamba block size B of this model on this engine, for budgets given in blocks.
 
@@ -139,12 +111,8 @@ def run_wave(
 
 
 def record(engine: Engine) -> RunRecord:
-    settings = dict(engine.applied_settings)
-    if engine.salt_requests:
-        # Not an engine argument: how the requests were sent (see Profile.control_cache).
-        settings["_requests_cache_salted"] = True
     return RunRecord(
-        settings=settings,
+        settings=dict(engine.applied_settings),
         dropped_settings=list(engine.dropped_settings),
         boot_seconds=engine.boot_seconds,
     )
