@@ -160,6 +160,12 @@ def build_parser() -> argparse.ArgumentParser:
     validate = sub.add_parser("validate", help="validate artifact files against the schema")
     validate.add_argument("files", nargs="+", type=Path)
 
+    digest = sub.add_parser(
+        "kit-digest",
+        help="print this kit's source digest; with artifacts, say whether they ran this code",
+    )
+    digest.add_argument("files", nargs="*", type=Path, help="artifacts to compare (kit section)")
+
     for name, text in (
         ("fetch-weights", "fetch a profile's model at a pinned commit, write its manifest"),
         ("verify-weights", "re-hash a fetched snapshot against its manifest (offline)"),
@@ -442,6 +448,25 @@ def cmd_patch(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_kit_digest(args: argparse.Namespace) -> int:
+    from repro.envinfo import kit_source_sha256
+
+    mine = kit_source_sha256()
+    print(mine)
+    differ = 0
+    for path in args.files:
+        recorded = json.loads(path.read_text()).get("kit", {}).get("source_sha256")
+        if recorded is None:
+            print(f"{path}: records no source digest (written before the kit recorded it)")
+            differ += 1
+        elif recorded == mine:
+            print(f"{path}: ran this code")
+        else:
+            print(f"{path}: ran other code ({recorded[:12]}…)")
+            differ += 1
+    return 1 if differ else 0
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from repro.artifact import ArtifactInvalid, validate_artifact
 
@@ -588,6 +613,7 @@ def cmd_cpu_wheelhouse(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {
+    "kit-digest": cmd_kit_digest,
     "tiny": cmd_tiny,
     "run": cmd_run,
     "arm": cmd_arm,

@@ -345,12 +345,36 @@ def collect_kit(repo_dir: str | os.PathLike[str] | None = None) -> dict[str, Any
     ``git_commit`` and ``dirty`` are null unless ``repo_dir`` is the top of a git work tree
     with a commit (an installed kit, a copied tree without ``.git``, no git binary). ``dirty``
     means tracked files differ from the commit; untracked files do not count.
+    ``source_sha256`` names the code that actually ran, git or not (see `kit_source_sha256`).
     """
     from repro import __version__
 
     repo = Path(repo_dir) if repo_dir is not None else _PACKAGE_DIR.parent
     commit, dirty = _git_state(repo)
-    return {"name": KIT_NAME, "version": __version__, "git_commit": commit, "dirty": dirty}
+    return {
+        "name": KIT_NAME,
+        "version": __version__,
+        "git_commit": commit,
+        "dirty": dirty,
+        "source_sha256": kit_source_sha256(),
+    }
+
+
+def kit_source_sha256(package_dir: Path = _PACKAGE_DIR) -> str:
+    """sha256 over the imported ``repro`` package's Python files (path and content of each).
+
+    Provenance that does not rest on git: a tree copied to another machine can carry stale
+    or no git metadata (measured: a GPU host's copy reported the session's first commit,
+    dirty, for code three commits later), yet this digest still names the code that ran.
+    Equal digests mean byte-identical kit code; compare with `python -m repro kit-digest`.
+    """
+    lines = []
+    for path in sorted(package_dir.rglob("*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        rel = path.relative_to(package_dir).as_posix()
+        lines.append(f"{rel}\0{hashlib.sha256(path.read_bytes()).hexdigest()}\n")
+    return hashlib.sha256("".join(lines).encode()).hexdigest()
 
 
 def _git_state(repo: Path) -> tuple[str | None, bool | None]:

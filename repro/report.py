@@ -158,10 +158,12 @@ def image_text(run: Run) -> str:
 def kit_text(doc: dict[str, Any]) -> str:
     kit = doc["kit"]
     commit = kit.get("git_commit")
+    # The source digest names the code that ran even where git metadata was stale or absent.
+    source = f", source `{kit['source_sha256'][:12]}`" if kit.get("source_sha256") else ""
     if not commit:
-        return f"{kit['version']} (not from a git checkout)"
+        return f"{kit['version']} (not from a git checkout{source})"
     state = "dirty tree" if kit.get("dirty") else "clean tree"
-    return f"{kit['version']} @ `{commit[:12]}` ({state})"
+    return f"{kit['version']} @ `{commit[:12]}` ({state}{source})"
 
 
 def fault_text(run: Run) -> str:

@@ -18,7 +18,7 @@ import pytest
 
 import repro
 from repro import envinfo
-from repro.artifact import validate_artifact
+from repro.artifact import ArtifactInvalid, validate_artifact
 
 REPO = Path(__file__).resolve().parents[1]
 _EXAMPLE_DOC = json.loads(
@@ -274,6 +274,55 @@ def test_kit_commit_and_dirty_flag(tmp_path):
     doc = example()
     doc["kit"] = kit
     validate_artifact(doc)
+
+
+def test_kit_source_digest_names_the_code_whatever_git_says(tmp_path):
+    # A copy of the package with no git at all: same bytes, same digest.
+    package = Path(repro.__file__).resolve().parent
+    copied = tmp_path / "repro"
+    shutil.copytree(package, copied, ignore=shutil.ignore_patterns("__pycache__"))
+    digest = envinfo.kit_source_sha256(copied)
+    assert digest == envinfo.kit_source_sha256(package) == envinfo.collect_kit()["source_sha256"]
+    assert envinfo.collect_kit(tmp_path)["git_commit"] is None  # no checkout there...
+    # ...and one changed byte in any module, or a module more, is other code.
+    (copied / "grading.py").write_bytes((copied / "grading.py").read_bytes() + b"\n")
+    changed = envinfo.kit_source_sha256(copied)
+    assert changed != digest
+    (copied / "extra.py").write_text("")
+    with_extra = envinfo.kit_source_sha256(copied)
+    assert with_extra not in (digest, changed)
+    # Bytecode caches are not source.
+    (copied / "__pycache__").mkdir(exist_ok=True)
+    (copied / "__pycache__" / "stale.py").write_text("x = 1")
+    assert envinfo.kit_source_sha256(copied) == with_extra
+
+    doc = example()
+    doc["kit"] = envinfo.collect_kit()
+    validate_artifact(doc)
+    doc["kit"]["source_sha256"] = "not-a-digest"
+    with pytest.raises(ArtifactInvalid, match="source_sha256"):
+        validate_artifact(doc)
+
+
+def test_kit_digest_command_says_whether_artifacts_ran_this_code(tmp_path, capsys):
+    from repro.cli import main
+
+    doc = example()
+    doc["kit"] = envinfo.collect_kit()
+    same = tmp_path / "same.json"
+    same.write_text(json.dumps(doc))
+    assert main(["kit-digest", str(same)]) == 0
+    assert f"{same}: ran this code" in capsys.readouterr().out
+    doc["kit"]["source_sha256"] = "0" * 64
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(doc))
+    doc["kit"].pop("source_sha256")
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(doc))
+    assert main(["kit-digest", str(same), str(other), str(old)]) == 1
+    out = capsys.readouterr().out
+    assert f"{other}: ran other code (000000000000…)" in out
+    assert f"{old}: records no source digest" in out
 
 
 # --- where the run happens -------------------------------------------------------------------

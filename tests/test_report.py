@@ -342,3 +342,14 @@ def test_report_refuses_a_schema_invalid_artifact(tmp_path):
 def test_grading_constants_used_by_the_variants():
     # The variants above assume these; a change to grading must revisit them.
     assert grading.THRESHOLD_MAX == 0.1 and grading.NOISE_MULTIPLIER == 3.0
+
+
+def test_kit_line_names_the_source_digest_where_recorded():
+    from repro.report import kit_text
+
+    doc = {"kit": {"version": "0.1.0", "git_commit": "8" * 40, "dirty": True}}
+    assert kit_text(doc) == "0.1.0 @ `888888888888` (dirty tree)"
+    doc["kit"]["source_sha256"] = "ab" * 32
+    assert kit_text(doc) == "0.1.0 @ `888888888888` (dirty tree, source `abababababab`)"
+    doc["kit"].update(git_commit=None, dirty=None)
+    assert kit_text(doc) == "0.1.0 (not from a git checkout, source `abababababab`)"

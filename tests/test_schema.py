@@ -628,9 +628,7 @@ def test_redacted_env_is_schema_valid_and_never_secret_named(env):
     validate_artifact(doc)
 
 
-def test_a_run_refuses_before_any_engine_when_timestamps_cannot_be_checked(
-    tmp_path, monkeypatch
-):
+def test_a_run_refuses_before_any_engine_when_timestamps_cannot_be_checked(tmp_path, monkeypatch):
     # A Python without jsonschema's date-time checker (rfc3339-validator missing, as on a GPU
     # host that got jsonschema alone) must be refused up front, not after an arm's minutes.
     from jsonschema import FormatChecker
