@@ -8,6 +8,12 @@
 # The tiny model is found through REPRO_CACHE (carry it; building it needs transformers too).
 # REPRO_PHASES (default "install stock patched") picks steps, so a host whose calls are time
 # limited can run them in separate calls: the installed trees stay under /tmp meanwhile.
+# REPRO_EXTRA_WHEELS: a folder of wheels the kit itself needs and the host lacks, installed
+# beside vLLM; on the measured H200 host that is jsonschema with its format-nongpl extra
+# (rfc3339-validator and friends), fetched where pip works with
+#   pip download --only-binary=:all: --python-version 3.12 --platform manylinux_2_17_x86_64 \
+#     -d WHEELS 'jsonschema[format-nongpl]'
+# The install phase checks that artifacts can be validated, so a missing wheel stops it there.
 set -euo pipefail
 parts=$1 out=$2
 patch=${3:-containers/patches/vllm-0.26.0-pr51113-mamba-chunk-split.diff}
@@ -26,6 +32,8 @@ for phase in $phases; do
       for w in "${REPRO_EXTRA_WHEELS:-}"/*.whl; do
         [ -f "$w" ] && python3 -m pip install -q --no-deps --no-index --target "$stock" "$w"
       done
+      PYTHONPATH="$stock:$kit" python3 -c \
+        'from repro.artifact import require_validation; require_validation()'
       rm -rf "$patched"
       t cp -a "$stock" "$patched"
       t env PYTHONPATH="$kit" python3 -m repro patch --site "$patched" "$patch"
