@@ -665,3 +665,28 @@ def test_wheel_file_names_and_records(tmp_path):
     assert (rec.name, rec.version, rec.bytes) == ("demo", "3.1", wheel.stat().st_size)
     assert rec.sha256 == hashlib.sha256(wheel.read_bytes()).hexdigest()
     assert read_wheel_metadata(wheel).requires_dist == ("a>=1",)
+
+
+def test_the_same_wheels_give_the_same_archive_on_another_day(tiny_set, tmp_path, monkeypatch):
+    # A set rebuilt later from the same wheels must hash the same (last stop's rebuild of the
+    # vLLM 0.26.0 set did not: its tar times came from the clock).
+    from datetime import datetime, timezone
+
+    import repro.installset.build as build
+
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    manifest, _ = load_manifest(tiny_set)
+    monkeypatch.setattr(
+        build, "_utc_now", lambda: datetime(2031, 5, 6, 7, 8, 9, tzinfo=timezone.utc)
+    )
+    records = [record_wheel(Path(w)) for w in sorted(tiny_set.parent.glob("wheels/*.whl"))]
+    again, _ = pack_set(
+        sorted(records, key=lambda r: [w["name"] for w in manifest["wheels"]].index(r.name)),
+        tmp_path / "again",
+        Target.create(HERE, ["manylinux_2_17_x86_64"]),
+        root=manifest["root"],
+        part_size=PART_SIZE,
+    )
+    assert again["created"] == "2031-05-06T07:08:09Z" != manifest["created"]
+    assert again["archive"]["sha256"] == manifest["archive"]["sha256"]
+    assert [p["sha256"] for p in again["parts"]] == [p["sha256"] for p in manifest["parts"]]

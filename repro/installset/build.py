@@ -41,6 +41,10 @@ from repro.installset.unpack import verify
 __all__ = ["build_vllm", "pack_set"]
 
 
+# 1980-01-01T00:00:00Z: the earliest time a zip (so a wheel) can record.
+ARCHIVE_MTIME = 315532800
+
+
 def _utc_now() -> datetime:
     return datetime.now(timezone.utc).replace(microsecond=0)
 
@@ -78,7 +82,9 @@ def pack_set(
     steps = steps or Steps()
     out_dir.mkdir(parents=True, exist_ok=True)
     created = _utc_now()
-    mtime = int(os.environ.get("SOURCE_DATE_EPOCH", int(created.timestamp())))
+    # File times in the archive: SOURCE_DATE_EPOCH, else a fixed date, never the clock, so
+    # the same wheels give the same archive bytes on any day (a rebuilt set hashes the same).
+    mtime = int(os.environ.get("SOURCE_DATE_EPOCH", ARCHIVE_MTIME))
     staging = out_dir / ".staging"
     with steps.step(f"staging install of {len(wheels)} wheel(s)"):
         stage_wheels([w.path for w in wheels], staging, target, pip)
