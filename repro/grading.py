@@ -354,11 +354,18 @@ def grade(
         "clean",
         None,
         f"no one-sided flips past margin {FLIP_MARGIN}: {detail}{summary}; engaged with "
-        f"{engagement.prefix_cache_hits} hits of {engagement.prefix_cache_queries} queries, "
-        f"{engagement.spec_decode_num_drafts} drafts",
+        f"{engagement.prefix_cache_hits} hits of {engagement.prefix_cache_queries} queries"
+        f"{_cached_tokens_note(engagement)}, {engagement.spec_decode_num_drafts} drafts",
         threshold=threshold,
         waves=wave_grades,
     )
+
+
+def _cached_tokens_note(engagement: Engagement) -> str:
+    """Where the counters missed hits the requests reported (vLLM 0.26.0), say so."""
+    if engagement.cached_prompt_tokens > engagement.prefix_cache_hits:
+        return f" ({engagement.cached_prompt_tokens} cached prompt tokens in request outputs)"
+    return ""
 
 
 def median(values: Iterable[float]) -> float | None:

@@ -183,7 +183,13 @@ def test_hits_reported_by_requests_count_when_the_counters_miss_them():
         spec_decode_num_drafts=9,
         cached_prompt_tokens=480,
     )
-    assert grade_needle(needle_wave(0, 0), engagement=counted_nothing).status == "clean"
+    clean = grade_needle(needle_wave(0, 0), engagement=counted_nothing)
+    assert clean.status == "clean"
+    # The reason says where the evidence of engagement came from, not "0 hits".
+    assert "0 hits of 0 queries (480 cached prompt tokens in request outputs), 9 drafts" in (
+        clean.reason
+    )
+    assert "cached prompt tokens" not in grade_needle(needle_wave(0, 0)).reason
     nothing_at_all = Engagement(
         prefix_cache_queries=0, prefix_cache_hits=0, spec_decode_num_drafts=9
     )
