@@ -658,3 +658,47 @@ def test_a_run_refuses_before_any_engine_when_timestamps_cannot_be_checked(tmp_p
         artifact._validator.cache_clear()
     assert started == []
     assert not list((tmp_path / "out").glob("*.json"))
+
+
+def test_an_arm_whose_record_fails_validation_keeps_its_figures(tmp_path, monkeypatch):
+    # The arm's child writes its figures, then fails validating them (exit 1). The parent
+    # must keep those figures beside the error record rather than delete them. The child
+    # process is a stand-in (a real process writing a real file); everything else is real.
+    import subprocess
+
+    from repro import runner
+    from repro.profiles import get_profile
+
+    figures = {"figures": {"waves": ["measured for minutes"]}, "verdict": {"status": "clean"}}
+    child = (
+        "import json, sys; from pathlib import Path; "
+        f"Path(sys.argv[1], '.cold-race.partial.json').write_text(json.dumps({figures!r})); "
+        "print('ArtifactInvalid: $.kit: bad'); sys.exit(1)"
+    )
+    real_popen = subprocess.Popen
+
+    def popen(cmd, **kwargs):
+        if cmd[1:4] == ["-m", "repro", "arm"]:  # the arm's child; git and others run as is
+            cmd = [sys.executable, "-c", child, cmd[cmd.index("--out") + 1]]
+        return real_popen(cmd, **kwargs)
+
+    monkeypatch.setattr(runner.subprocess, "Popen", popen)
+    out = tmp_path / "out"
+    (out / "logs").mkdir(parents=True)
+    context = runner.arm_context(
+        run_id="t",
+        arm="cold-race",
+        command=["python", "-m", "repro", "tiny"],
+        profile=get_profile("tiny"),
+        model_path=str(tmp_path / "model"),
+        overrides={},
+        fault_kind=None,
+    )
+    doc = runner._run_arm_child("cold-race", context, out, timeout_s=60)
+
+    assert doc["verdict"]["status"] == "error"
+    assert "exited with status 1" in doc["verdict"]["reason"]
+    assert "kept in cold-race.unvalidated.json" in doc["verdict"]["reason"]
+    assert json.loads((out / "cold-race.unvalidated.json").read_text()) == figures
+    assert not list(out.glob(".*.partial.json"))
+    validate_artifact(json.loads((out / "cold-race.json").read_text()))
