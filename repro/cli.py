@@ -455,8 +455,18 @@ def cmd_kit_digest(args: argparse.Namespace) -> int:
     print(mine)
     differ = 0
     for path in args.files:
-        recorded = json.loads(path.read_text()).get("kit", {}).get("source_sha256")
-        if recorded is None:
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            print(f"{path}: not a readable artifact ({exc}); expected a run's <arm>.json")
+            differ += 1
+            continue
+        kit = doc.get("kit") if isinstance(doc, dict) else None
+        recorded = kit.get("source_sha256") if isinstance(kit, dict) else None
+        if not isinstance(kit, dict):
+            print(f"{path}: has no kit section; expected a run's <arm>.json")
+            differ += 1
+        elif recorded is None:
             print(f"{path}: records no source digest (written before the kit recorded it)")
             differ += 1
         elif recorded == mine:

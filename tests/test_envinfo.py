@@ -324,6 +324,17 @@ def test_kit_digest_command_says_whether_artifacts_ran_this_code(tmp_path, capsy
     assert f"{other}: ran other code (000000000000…)" in out
     assert f"{old}: records no source digest" in out
 
+    # Bad input: named, counted as not matching, and the other files still answered.
+    (tmp_path / "notes.txt").write_text("not json")
+    (tmp_path / "list.json").write_text("[1, 2]")
+    bad = [tmp_path / "missing.json", tmp_path / "notes.txt", tmp_path / "list.json"]
+    assert main(["kit-digest", *map(str, bad), str(same)]) == 1
+    out = capsys.readouterr().out
+    assert f"{bad[0]}: not a readable artifact (" in out
+    assert f"{bad[1]}: not a readable artifact (" in out
+    assert f"{bad[2]}: has no kit section; expected a run's <arm>.json" in out
+    assert f"{same}: ran this code" in out
+
 
 # --- where the run happens -------------------------------------------------------------------
 
