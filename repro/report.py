@@ -240,7 +240,55 @@ def render_run(run: Run) -> list[str]:
         f"- Kit: {kit_text(first)}; runs {run_ids}",
         "",
     ]
+    lines += per_request_lines(run)
     return lines
+
+
+def _request_figure(request: dict[str, Any]) -> str:
+    """A request's graded figure: its log-prob divergence, or its needle misses."""
+    if request.get("divergence") is not None:
+        return f"{request['divergence']:.4f}"
+    apc, control = request.get("apc_miss"), request.get("control_miss")
+    if apc is None and control is None:
+        return "—"
+    return f"needle: APC {_recall(apc)}, control {_recall(control)}"
+
+
+def _recall(missed: bool | None) -> str:
+    return "—" if missed is None else ("missed" if missed else "recalled")
+
+
+def per_request_lines(run: Run) -> list[str]:
+    """Every request of every wave, folded: which ones read the cache and which were flagged.
+
+    A verdict says how many requests flipped; telling a uniform shift of every cache hit from
+    a few outliers needs the requests themselves.
+    """
+    rows = []
+    for arm, doc in run.documents.items():
+        for wave in (doc.get("figures") or {}).get("waves", []):
+            for request in wave.get("per_request", []):
+                rows.append(
+                    [
+                        ARM_TITLES.get(arm, arm),
+                        wave["name"],
+                        str(request["index"]),
+                        str(request["num_cached_tokens"]),
+                        _request_figure(request),
+                        "yes" if request.get("flagged") else "",
+                    ]
+                )
+    if not rows:
+        return []
+    header = ["Arm", "Wave", "Request", "Cached prompt tokens", "Divergence / misses", "Flagged"]
+    return [
+        "<details><summary>Per-request figures</summary>",
+        "",
+        *_table(header, rows),
+        "",
+        "</details>",
+        "",
+    ]
 
 
 # --- cross-verification --------------------------------------------------------------------

