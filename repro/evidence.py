@@ -117,6 +117,7 @@ def fill_result(
         "threshold_min": grading.THRESHOLD_MIN if threshold else None,
         "noise_multiplier": grading.NOISE_MULTIPLIER if threshold else None,
         "flip_margin": grading.FLIP_MARGIN,
+        "control_spread_gate": grading.CONTROL_SPREAD_GATE if threshold else None,
     }
     grades = {g.name: g for g in verdict.waves}
     doc["figures"] = {
@@ -242,4 +243,6 @@ def regrade(doc: dict[str, Any]) -> grading.Verdict:
             else None
         ),
         extra_noise=noise,
+        # Artifacts from before the gate do not record it and re-grade without it.
+        control_spread_gate=bool((doc.get("signal") or {}).get("control_spread_gate")),
     )

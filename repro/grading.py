@@ -4,8 +4,9 @@ Grading is pure: it reads only the figures an artifact records (per-request resu
 the liveness probe), so anyone holding an artifact can re-derive its verdict.
 
 Gates, in order:
-  1. control quality: a control that cannot answer (needle) or whose benign noise is too
-     high to measure against (logprob) is no yardstick;
+  1. control quality: a control that cannot answer (needle), whose benign noise is too
+     high to measure against, or whose answers to identical prompts disagree beyond the
+     threshold (logprob) is no yardstick;
   2. engagement: the APC run must have prefix-cache queries, hits and speculative drafts;
   3. corruption: margin-graded and one-sided. Benign batch nondeterminism moves requests
      both ways; corruption moves only requests that read the cache (logprob) or only turns
@@ -51,6 +52,14 @@ THRESHOLD_MIN = 0.02
 # Above this, benign noise would hide the ~0.1 effect of real corruption: control too weak.
 THRESHOLD_MAX = 0.1
 MIN_NOISE_SAMPLES = 4
+# Cold-race: the control's own answers to identical prompts must agree to within the
+# threshold. On an H200 the APC-off control answered 16 identical prompts with 2-4 distinct
+# outputs, two of them 0.07-0.09 from the rest, while the 90th percentile of the noise sample
+# stayed low; every correct cache hit then "diverged" by that gap (artifacts/examples/
+# h200-vllm-0.26.0-investigation/, runs 3-15). A control that disagrees with itself beyond
+# the threshold cannot grade the cache. Artifacts record whether they were graded with this
+# gate (signal.control_spread_gate), so older ones re-grade as they were graded.
+CONTROL_SPREAD_GATE = True
 # The control's first token missing from the APC run's top-k counts as this divergence.
 DIVERGENCE_CAP = 10.0
 
@@ -260,11 +269,17 @@ def grade(
     engagement: Engagement,
     liveness: Liveness | None,
     extra_noise: Iterable[float] = (),
+    control_spread_gate: bool = CONTROL_SPREAD_GATE,
 ) -> Verdict:
-    """The verdict of one arm, from its recorded figures, gates in upstream's order."""
+    """The verdict of one arm, from its recorded figures, gates in upstream's order.
+
+    `extra_noise` is the spread of the control's answers to identical prompts (cold-race);
+    with `control_spread_gate`, any of it above the threshold makes the control too weak.
+    """
     if signal not in ("needle", "logprob"):
         raise ValueError(f"unknown signal {signal!r}; expected 'needle' or 'logprob'")
     graded = [w for w in waves if w.graded]
+    extra_noise = list(extra_noise)
 
     # 1. Control quality.
     threshold: Threshold | None = None
@@ -295,6 +310,16 @@ def grade(
                 f"benign noise floor {threshold.noise_floor:.4f} sets the threshold at "
                 f"{threshold.value:.4f}, above {THRESHOLD_MAX}: the control is too noisy "
                 f"to grade the cache",
+                threshold=threshold,
+            )
+        spread = max(extra_noise, default=None)
+        if control_spread_gate and spread is not None and spread > threshold.value:
+            return Verdict(
+                "inconclusive",
+                "control_quality",
+                f"the control's answers to identical prompts spread up to {spread:.4f} from "
+                f"their medoid, above the threshold {threshold.value:.4f}: the control "
+                f"disagrees with itself, so it cannot grade the cache",
                 threshold=threshold,
             )
 

@@ -3,6 +3,7 @@ verdict is the one its own figures give (so a reader can trust the tables built 
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -41,3 +42,44 @@ def test_example_logs_that_were_kept_match_their_recorded_hash(path):
         kept = path.parent / log["path"]
         if kept.is_file():
             assert (kept.stat().st_size, sha256_file(kept)) == (log["bytes"], log["sha256"])
+
+
+# Cold-race verdicts an H200 run recorded as `corrupted` although its APC-off control answered
+# the identical prompts inconsistently (README of h200-vllm-0.26.0-investigation).
+H200 = EXAMPLES / "h200-vllm-0.26.0-investigation"
+FALSE_CORRUPTED_ON_THE_H200 = [
+    "3-fp16-patched",
+    "4-fp16-stock-budget408",
+    "7-top4-fp16-patched",
+    "11-salted-control-patched",
+    "14-batch-invariant-kernels-patched",
+    "14-batch-invariant-kernels-patched-fa3",
+    "15-max-num-seqs-2-patched",
+]
+
+
+def regraded_with_the_control_spread_gate(path: Path):
+    doc = copy.deepcopy(json.loads(path.read_text()))
+    doc["signal"]["control_spread_gate"] = True
+    return evidence.regrade(doc)
+
+
+@pytest.mark.parametrize("run", FALSE_CORRUPTED_ON_THE_H200)
+def test_control_spread_gate_turns_the_h200_false_positives_inconclusive(run):
+    path = H200 / run / "cold-race.json"
+    assert json.loads(path.read_text())["verdict"]["status"] == "corrupted"
+    verdict = regraded_with_the_control_spread_gate(path)
+    assert (verdict.status, verdict.gate) == ("inconclusive", "control_quality")
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for p in ARTIFACTS if not p.is_relative_to(H200)],
+    ids=lambda p: str(p.relative_to(EXAMPLES)),
+)
+def test_control_spread_gate_leaves_the_cpu_examples_as_they_were(path):
+    doc = json.loads(path.read_text())
+    if doc["verdict"]["status"] == "error" or not doc["figures"].get("waves"):
+        return
+    verdict = regraded_with_the_control_spread_gate(path)
+    assert (verdict.status, verdict.gate) == (doc["verdict"]["status"], doc["verdict"]["gate"])

@@ -109,13 +109,14 @@ def test_ungraded_waves_do_not_count_as_corruption():
     assert grade_needle(needle_wave(9, 0, graded=False), needle_wave(0, 0)).status == "clean"
 
 
-def grade_logprob(*waves, extra_noise=()):
+def grade_logprob(*waves, extra_noise=(), control_spread_gate=True):
     return grading.grade(
         signal="logprob",
         waves=list(waves),
         engagement=ENGAGED,
         liveness=None,
         extra_noise=extra_noise,
+        control_spread_gate=control_spread_gate,
     )
 
 
@@ -214,3 +215,20 @@ def test_self_spread_measures_against_the_medoid_not_an_outlier():
     assert sorted(spread)[-1] == pytest.approx(1.0, abs=0.02)
     assert sorted(spread)[-2] < 0.02
     assert grading.self_spread([{token: -1.0}]) == []
+
+
+def test_control_that_disagrees_with_itself_cannot_grade_the_cache():
+    # Shaped like the H200's cold race (artifacts/examples/h200-vllm-0.26.0-investigation,
+    # run 15): cold requests quiet, every hit 0.069 off the control, and the control's own
+    # answers to the identical prompts two at 0.068 from their medoid, the rest at 0.
+    wave = logprob_wave(hit=[0.069] * 14, cold=[0.001, 0.006] + [0.0] * 5)
+    spread = [0.068, 0.063] + [0.0] * 13
+    verdict = grade_logprob(wave, extra_noise=spread)
+    assert (verdict.status, verdict.gate) == ("inconclusive", "control_quality")
+    assert "spread up to 0.0680" in verdict.reason and "disagrees with itself" in verdict.reason
+    # Without the gate (artifacts graded before it) the same figures read as corruption.
+    assert grade_logprob(wave, extra_noise=spread, control_spread_gate=False).status == (
+        "corrupted"
+    )
+    # A spread within the threshold (the CPU's one bf16 step) leaves the verdict to the flips.
+    assert grade_logprob(wave, extra_noise=[0.008] * 15).status == "corrupted"

@@ -56,6 +56,8 @@ def test_default_run_is_clean_and_engaged(clean_run, arm):
     assert doc["engine"]["apc_run"]["enable_prefix_caching"] is True
     assert doc["engine"]["control_run"]["enable_prefix_caching"] is False
     assert doc["hardware"]["gpus"] == []
+    # Graded with the gate on the control's own spread, and recorded as such.
+    assert doc["signal"]["control_spread_gate"] is True
     # The recorded figures alone give the recorded verdict.
     regraded = evidence.regrade(doc)
     assert (regraded.status, regraded.gate) == (doc["verdict"]["status"], doc["verdict"]["gate"])
