@@ -384,7 +384,13 @@ def images_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def cpu_image(docker_client, base_image, wheelhouse, images_dir):
     """The CPU image from the wheelhouse (cold: several minutes; with the layer cache: seconds)."""
-    return build.build_cpu_image(
+    import docker.errors
+
+    try:
+        previous = docker_client.images.get(CPU_TAG).id
+    except docker.errors.ImageNotFound:
+        previous = None
+    record = build.build_cpu_image(
         docker_client,
         base=base_image.tag,
         vllm_version="0.32.0",
@@ -393,6 +399,16 @@ def cpu_image(docker_client, base_image, wheelhouse, images_dir):
         wheelhouse=wheelhouse,
         log=lambda _m: None,
     )
+    # Each session's image is new (its labels carry the build time), so the last session's
+    # would stay behind untagged: about 5 GB per test run in vfs storage, enough to fill a
+    # developer's disk. Its layers stay cached where the new image shares them.
+    current = docker_client.images.get(CPU_TAG).id
+    if previous is not None and previous != current:
+        try:
+            docker_client.images.remove(previous)
+        except docker.errors.APIError:
+            pass  # still used by a container: docker keeps it, and that is fine
+    return record
 
 
 @pytest.mark.docker
