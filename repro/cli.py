@@ -462,11 +462,12 @@ def cmd_kit_digest(args: argparse.Namespace) -> int:
             differ += 1
             continue
         kit = doc.get("kit") if isinstance(doc, dict) else None
-        recorded = kit.get("source_sha256") if isinstance(kit, dict) else None
         if not isinstance(kit, dict):
             print(f"{path}: has no kit section; expected a run's <arm>.json")
             differ += 1
-        elif recorded is None:
+            continue
+        recorded = kit.get("source_sha256")
+        if recorded is None:
             print(f"{path}: records no source digest (written before the kit recorded it)")
             differ += 1
         elif recorded == mine:

@@ -402,8 +402,7 @@ def cpu_image(docker_client, base_image, wheelhouse, images_dir):
     # Each session's image is new (its labels carry the build time), so the last session's
     # would stay behind untagged: about 5 GB per test run in vfs storage, enough to fill a
     # developer's disk. Its layers stay cached where the new image shares them.
-    current = docker_client.images.get(CPU_TAG).id
-    if previous is not None and previous != current:
+    if previous is not None and previous != record.id:
         try:
             docker_client.images.remove(previous)
         except docker.errors.APIError:
