@@ -190,9 +190,10 @@ TINY_NEMOTRON_H_CUDA: dict[str, Any] = {
     "device": "cuda",
     "min_gpus": 1,
     "min_gpu_memory_gib": 1,
-    # No Gated-DeltaNet layers, so no GDN prefill backend to choose; float16 as the Qwen
-    # model's CUDA variant (three more mantissa bits than bf16).
-    "extra_settings": {**TINY.extra_settings, "dtype": "float16"},
+    # No Gated-DeltaNet layers, so no GDN prefill backend to choose. bf16 as on the CPU:
+    # vLLM 0.26.0's NemotronH MTP builds its eh_proj in the checkpoint's dtype, so float16
+    # failed at boot ("expected mat1 and mat2 to have the same dtype", H200).
+    "extra_settings": dict(TINY.extra_settings),
     "extra_env": {"VLLM_USE_FLASHINFER_SAMPLER": "0"},
 }
 
