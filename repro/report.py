@@ -203,6 +203,18 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return lines
 
 
+def liveness_text(live: dict | None) -> str:
+    """The probe's counters, and the cached tokens its request reported where the counters
+    missed them (vLLM 0.26.0 records no scheduler stats for prefill-only steps)."""
+    if not live:
+        return "—"
+    text = f"{live['hits']}/{live['queries']} hits"
+    cached = live.get("cached_tokens")
+    if cached and not live["hits"]:
+        text += f"; {cached} cached tokens reported by the request"
+    return text
+
+
 def render_run(run: Run) -> list[str]:
     first = run.first
     lines = [f"### Run `{run.label}`", ""]
@@ -223,7 +235,7 @@ def render_run(run: Run) -> list[str]:
                 str(figures["hits"]) if figures else "—",
                 hit_ratio(figures),
                 str(figures["drafts"]) if figures else "—",
-                f"{live['hits']}/{live['queries']} hits" if live else "—",
+                liveness_text(live),
             ]
         )
     lines += _table(

@@ -40,8 +40,10 @@ def engine_python() -> str:
 def run_kit(engine_python):
     """Run `python -m repro ARGS` in the engine environment, with this checkout's code."""
 
-    def run(*args: str, timeout: float = 1200) -> subprocess.CompletedProcess:
-        env = dict(os.environ)
+    def run(
+        *args: str, timeout: float = 1200, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess:
+        env = {**os.environ, **(env or {})}
         env["PYTHONPATH"] = str(REPO)
         env["REPRO_KIT_CHECKOUT"] = str(REPO)
         return subprocess.run(

