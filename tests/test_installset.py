@@ -690,3 +690,29 @@ def test_the_same_wheels_give_the_same_archive_on_another_day(tiny_set, tmp_path
     assert again["created"] == "2031-05-06T07:08:09Z" != manifest["created"]
     assert again["archive"]["sha256"] == manifest["archive"]["sha256"]
     assert [p["sha256"] for p in again["parts"]] == [p["sha256"] for p in manifest["parts"]]
+
+
+def test_the_same_wheels_give_the_same_archive_from_another_folder(tiny_set, tmp_path):
+    # pip records each wheel's absolute path in direct_url.json; a set built from a wheels
+    # folder elsewhere (another checkout) must still hash the same and carry no such path.
+    import shutil
+
+    manifest, _ = load_manifest(tiny_set)
+    elsewhere = tmp_path / "another" / "checkout"
+    elsewhere.mkdir(parents=True)
+    order = [w["name"] for w in manifest["wheels"]]
+    records = []
+    for wheel in sorted(tiny_set.parent.glob("wheels/*.whl")):
+        records.append(record_wheel(Path(shutil.copy(wheel, elsewhere))))
+    again, _ = pack_set(
+        sorted(records, key=lambda r: order.index(r.name)),
+        tmp_path / "again",
+        Target.create(HERE, ["manylinux_2_17_x86_64"]),
+        root=manifest["root"],
+        part_size=PART_SIZE,
+        keep_staging=True,
+    )
+    staged = tmp_path / "again" / ".staging"
+    assert not list(staged.glob("*.dist-info/direct_url.json"))
+    assert not any("direct_url" in r.read_text() for r in staged.glob("*.dist-info/RECORD"))
+    assert again["archive"]["sha256"] == manifest["archive"]["sha256"]

@@ -88,6 +88,27 @@ def stage_wheels(
     args += [str(w) for w in wheels]
     pip.run(args, what=f"installing {len(wheels)} wheel(s) into the staging folder")
     _portable_scripts(staging / "bin")
+    _drop_direct_urls(staging)
+
+
+def _drop_direct_urls(staging: Path) -> None:
+    """Remove pip's ``direct_url.json`` (and its RECORD line) from every staged dist-info.
+
+    pip records the absolute path of each wheel file it installed from, so the archive
+    depended on where the wheels folder was (two builds of the vLLM 0.26.0 set from the same
+    86 wheels in different checkouts differed by 13 kB) and carried this machine's paths.
+    """
+    for direct_url in sorted(staging.glob("*.dist-info/direct_url.json")):
+        direct_url.unlink()
+        record = direct_url.parent / "RECORD"
+        if record.is_file():
+            lines = record.read_text().splitlines(keepends=True)
+            kept = [
+                line
+                for line in lines
+                if not line.startswith(f"{direct_url.parent.name}/direct_url.json,")
+            ]
+            record.write_text("".join(kept))
 
 
 def _portable_scripts(bin_dir: Path) -> None:
