@@ -99,6 +99,7 @@ RED_GREEN_VERDICTS = {
     "patched/multi-turn.json": "clean",
     "repeat-stock/cold-race.json": "corrupted",
     "repeat-patched/cold-race.json": "clean",
+    "patched-inject-fault/cold-race.json": "corrupted",  # the positive control
 }
 PR51113_PORT_SHA256 = "edd0193fda2868e41bb3f1c8c951238ced70fea9f933153fb51e27b064cfe1e2"
 
@@ -112,6 +113,7 @@ def test_h200_red_green_artifacts_say_what_the_issue_needs(name):
     assert doc["software"]["packages"]["vllm"] == "0.26.0"
     patches = [p["sha256"] for p in doc["engine"].get("patches") or []]
     assert patches == ([PR51113_PORT_SHA256] if "patched" in name else [])
+    assert doc["fault_injection"]["enabled"] is ("inject-fault" in name)
     # Engaged: the APC run read the cache and drafted, whatever the verdict.
     apc = doc["counters"]["apc"]
     assert sum(w["prefix_cache_hits"] for w in apc.values()) > 0
