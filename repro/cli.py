@@ -25,7 +25,9 @@ import json
 import sys
 from pathlib import Path
 
+from repro import tinymodel
 from repro.errors import ReproError
+from repro.profiles import PROFILES
 
 KIT_SOURCE = Path(__file__).resolve().parent.parent
 
@@ -77,8 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument(
         "--profile",
         default="tiny",
-        choices=["tiny", "tiny-nemotron-h"],
-        help="which tiny model family: Qwen3-Next (default) or NemotronH (Mamba2)",
+        choices=[p.name for p in PROFILES.values() if p.tiny_model],
+        help="which tiny model: tiny (Qwen3-Next, default) or tiny-nemotron-h (Mamba2)",
     )
     tiny.add_argument(
         "--patch",
@@ -115,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     model = sub.add_parser("tiny-model", help="build the tiny model, print its directory")
     model.add_argument("--cache", type=Path, default=None)
-    model.add_argument("--family", default="qwen3-next", choices=["qwen3-next", "nemotron-h"])
+    model.add_argument("--family", default="qwen3-next", choices=tinymodel.FAMILIES)
 
     patch = sub.add_parser(
         "patch", help="apply Python-only diffs to the vLLM in a directory (bare GPU hosts)"
@@ -339,7 +341,6 @@ def _run_in_container(args: argparse.Namespace, *, profile_name: str) -> int:
 
 def _container_model(args, profile, client, image) -> tuple[Path, str | None]:
     """The host folder mounted at /model, and the model's path inside it (or None)."""
-    from repro import tinymodel
     from repro.containers import run as container_run
 
     path = getattr(args, "model_path", None)
@@ -405,8 +406,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.model_path:
         model_path = str(Path(args.model_path).resolve())
     elif profile.tiny_model is not None:
-        from repro import tinymodel
-
         recipe = tinymodel.recipe_for(profile.tiny_model)
         model_path = str(tinymodel.ensure_tiny_model(recipe=recipe))
     else:
@@ -446,8 +445,6 @@ def cmd_engine_env(args: argparse.Namespace) -> int:
 
 
 def cmd_tiny_model(args: argparse.Namespace) -> int:
-    from repro import tinymodel
-
     print(tinymodel.ensure_tiny_model(args.cache, recipe=tinymodel.recipe_for(args.family)))
     return 0
 

@@ -84,8 +84,12 @@ def default_cache_dir() -> Path:
     return Path(root) / "models"
 
 
+#: The tiny model families the kit builds (`Profile.tiny_model`, `tiny-model --family`).
+FAMILIES = ("qwen3-next", "nemotron-h")
+
+
 def recipe_for(family: str) -> dict:
-    """The recipe of a tiny model family (`Profile.tiny_model`)."""
+    """The recipe of a tiny model family."""
     from repro import tiny_nemotron_h
 
     recipes = {"qwen3-next": RECIPE, "nemotron-h": tiny_nemotron_h.RECIPE}
@@ -93,7 +97,7 @@ def recipe_for(family: str) -> dict:
         return recipes[family]
     except KeyError:
         raise ValueError(
-            f"unknown tiny model family {family!r}; expected one of: {', '.join(recipes)}"
+            f"unknown tiny model family {family!r}; expected one of: {', '.join(FAMILIES)}"
         ) from None
 
 
