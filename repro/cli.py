@@ -511,7 +511,7 @@ def _weights_target(args: argparse.Namespace) -> dict:
         from repro.profiles import get_profile
 
         profile = get_profile(args.profile)
-        if profile.device != "cuda":
+        if profile.tiny_model is not None:
             raise ReproError(f"profile {profile.name!r} builds its model; it has no weights")
         repo_id, profile_revision = profile.model, profile.revision
     return {
