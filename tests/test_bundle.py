@@ -425,3 +425,107 @@ def test_streamed_atomic_output_keeps_the_old_file_on_failure(tmp_path):
     with open_atomic(target) as out:
         out.write(b"new archive")
     assert target.read_bytes() == b"new archive"
+
+
+# --- relabelled verdicts: every verdict whose figures exist is re-derived, current rules ----
+
+
+def _forge(good: Path, tmp_path: Path, name: str, edit) -> list[str]:
+    """Edit one artifact, keep every hash consistent, and return what verify names."""
+    files = members_of(good)
+    doc = json.loads(files[name])
+    edit(doc)
+    files[name] = json.dumps(doc).encode()
+    return problems(repack(good, tmp_path / "forged.tar.gz", files, rehash=True))
+
+
+def _relabel_geometry(doc):
+    doc["verdict"] = {"status": "inconclusive", "gate": "geometry", "reason": "geometry"}
+
+
+def _relabel_error(doc):
+    doc["verdict"] = {"status": "error", "gate": None, "reason": "engine died"}
+    doc["error"] = {"type": "ArmProcessFailed", "message": "engine died", "phase": "arm"}
+
+
+def test_a_corrupted_run_relabelled_geometry_gated_is_named(good, tmp_path):
+    found = _forge(good, tmp_path, "runs/fault/cold-race.json", _relabel_geometry)
+    assert any(
+        p.startswith(
+            "runs/fault/cold-race.json: recorded inconclusive (geometry), yet it "
+            "carries figures (they grade corrupted)"
+        )
+        for p in found
+    ), found
+
+
+def test_a_corrupted_run_relabelled_error_is_named(good, tmp_path):
+    found = _forge(good, tmp_path, "runs/fault/cold-race.json", _relabel_error)
+    assert any(
+        p.startswith(
+            "runs/fault/cold-race.json: recorded error, yet its figures grade "
+            "corrupted (wave1: 14 forward flips"
+        )
+        for p in found
+    ), found
+
+
+@pytest.mark.parametrize("relabel", [_relabel_error, _relabel_geometry], ids=["error", "geometry"])
+def test_a_stopped_record_carrying_figures_that_cannot_be_graded_is_named(good, tmp_path, relabel):
+    def edit(doc):
+        relabel(doc)
+        doc["counters"] = None  # figures without the counters they are graded with
+
+    found = _forge(good, tmp_path, "runs/fault/cold-race.json", edit)
+    assert any(
+        p.startswith("runs/fault/cold-race.json: figures cannot be re-graded (TypeError")
+        for p in found
+    ), found
+
+
+@pytest.mark.parametrize("recorded", ["absent", False])
+def test_an_artifact_cannot_switch_off_the_control_spread_gate(
+    good, tmp_path, recorded, monkeypatch
+):
+    """The control disagrees with itself (one benign spread of 0.09, far above the 0.024
+    threshold): the current rules grade it inconclusive whatever the artifact records."""
+    from repro import evidence, grading
+
+    def edit(doc):
+        doc["figures"]["waves"][0]["extra"]["benign_noise"].append(0.09)
+        if recorded == "absent":
+            doc["signal"].pop("control_spread_gate", None)
+        else:
+            doc["signal"]["control_spread_gate"] = recorded
+        with monkeypatch.context() as rules_before_the_gate:
+            rules_before_the_gate.setattr(grading, "CONTROL_SPREAD_GATE", False)
+            old_rules = evidence.regrade(doc)
+        assert old_rules.status == "clean", "without the gate the forger's verdict holds"
+        doc["verdict"] = evidence.verdict_section(old_rules)
+        doc["signal"]["threshold"] = old_rules.threshold.value
+        doc["signal"]["noise_samples"] = old_rules.threshold.noise_samples
+
+    found = _forge(good, tmp_path, "runs/clean/cold-race.json", edit)
+    assert any(
+        p.startswith(
+            "runs/clean/cold-race.json: recorded verdict clean does not follow from its "
+            "figures: re-graded inconclusive (control_quality)"
+        )
+        and p.endswith("which this kit always applies")
+        for p in found
+    ), found
+
+
+def test_an_error_record_without_figures_is_noted_not_failed(good, tmp_path):
+    def edit(doc):
+        _relabel_error(doc)
+        doc["figures"] = doc["counters"] = doc["signal"] = None
+
+    files = members_of(good)
+    doc = json.loads(files["runs/fault/cold-race.json"])
+    edit(doc)
+    from repro.verdict_check import check_verdict
+
+    check = check_verdict(doc)
+    assert not check.rederived and check.problems == []
+    assert check.note == "error record: no figures to re-derive a verdict from"
