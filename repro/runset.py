@@ -147,6 +147,11 @@ def runs_from_files(
             if not name.startswith(prefix) or kind not in SCHEMA_OF_KIND:
                 continue
             doc = json.loads(contents[name])
+            key = doc["arm"] if kind == "run-artifact" else kind
+            if key in (documents if kind == "run-artifact" else records):
+                raise EvidenceError(  # verify refuses this too; never keep only the last one
+                    f"{source}: run {entry['label']} holds two {key} files; one would be hidden"
+                )
             if kind == "run-artifact":
                 documents[doc["arm"]] = doc
             else:

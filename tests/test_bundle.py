@@ -14,9 +14,11 @@ import io
 import json
 import shutil
 import tarfile
+import zlib
 from pathlib import Path
 
 import pytest
+from crafted_archives import gnu_sparse_member
 
 from repro import bundle, report, runset
 from repro.bundle_verify import verify_bundle
@@ -529,3 +531,93 @@ def test_an_error_record_without_figures_is_noted_not_failed(good, tmp_path):
     check = check_verdict(doc)
     assert not check.rederived and check.problems == []
     assert check.note == "error record: no figures to re-derive a verdict from"
+
+
+# --- hiding an artifact, memory bombs ------------------------------------------------------
+
+
+def _gzip_tar(dst: Path, tar: bytes) -> Path:
+    data = bundle.gzip_bytes(tar)
+    dst.write_bytes(data)
+    bundle.sidecar(dst).write_text(f"{hashlib.sha256(data).hexdigest()}  {dst.name}\n")
+    return dst
+
+
+def test_two_artifacts_of_one_arm_under_one_label_are_refused(good, tmp_path):
+    files = members_of(good)
+    doc = json.loads(files["runs/fault/cold-race.json"])
+    files["runs/fault/cold-race-again.json"] = json.dumps(doc).encode()
+    manifest = json.loads(files["MANIFEST.json"])
+    data = files["runs/fault/cold-race-again.json"]
+    manifest["files"].append(
+        {
+            "path": "runs/fault/cold-race-again.json",
+            "kind": "run-artifact",
+            "bytes": len(data),
+            "sha256": hashlib.sha256(data).hexdigest(),
+        }
+    )
+    manifest["files"].sort(key=lambda e: e["path"])
+    files["MANIFEST.json"] = (json.dumps(manifest, indent=2) + "\n").encode()
+    found = problems(repack(good, tmp_path / "two.tar.gz", files, rehash=True))
+    assert any(p.startswith("run fault holds 2 artifacts of the cold-race arm (") for p in found), (
+        found
+    )
+    with pytest.raises(EvidenceError, match="holds two cold-race files"):
+        runset.runs_from_files(manifest, files, source="two.tar.gz")
+
+
+def _peak_bytes(function):
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        value = function()
+        return value, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_sparse_member_is_refused_unread(good, tmp_path):
+    """79 bytes of gzip hold a member that reads as 512 MiB: refused from its header."""
+    files = members_of(good)
+    mtime = int(bundle.parse_timestamp(json.loads(files["MANIFEST.json"])["created"]).timestamp())
+    pieces = list(bundle.tar_chunks(files, mtime))
+    sparse = gnu_sparse_member("runs/clean/big.bin", 512 << 20)
+    bad = _gzip_tar(tmp_path / "sparse.tar.gz", b"".join(pieces[:-1]) + sparse + bytes(1024))
+    result, peak = _peak_bytes(lambda: verify_bundle(bad))
+    assert "refused member 'runs/clean/big.bin': a sparse file (536870912 bytes once " in (
+        " ".join(result.problems)
+    ), result.render()
+    assert peak < 32 << 20, f"verify held {peak} bytes for a sparse member"
+
+
+def test_a_gzip_bomb_stops_at_the_cap_within_one_slice(tmp_path, monkeypatch):
+    from repro import bundle_verify
+
+    monkeypatch.setattr(bundle_verify, "MAX_UNCOMPRESSED_BYTES", 4 << 20)
+    deflate = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    zeros = bytes(1 << 20)
+    bomb = b"".join(deflate.compress(zeros) for _ in range(64)) + deflate.flush()
+    assert len(bomb) < 1 << 20, "the whole 64 MiB bomb fits in one input chunk"
+    path = tmp_path / "bomb.tar.gz"
+    path.write_bytes(bomb)
+    result, peak = _peak_bytes(lambda: verify_bundle(path))
+    assert result.problems == [
+        f"more than {4 << 20} bytes uncompressed; refused (a bundle of artifacts and logs is "
+        "far smaller)"
+    ]
+    assert peak < 12 << 20, f"verify held {peak} bytes for a 4 MiB cap"
+
+
+def test_tar_chunks_are_the_bytes_tarfile_writes(good):
+    files = members_of(good)
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path in sorted(files):
+            info = tarfile.TarInfo(path)
+            info.size, info.mtime, info.mode = len(files[path]), 1234, bundle.MEMBER_MODE
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            tar.addfile(info, io.BytesIO(files[path]))
+    assert bundle.tar_bytes(files, 1234) == buffer.getvalue()
