@@ -43,7 +43,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from repro import __version__
+from repro import __version__, redaction
 from repro.atomicio import write_bytes_atomic, write_text_atomic
 from repro.runset import (
     IMAGE_IMPORT_NAME,
@@ -240,6 +240,13 @@ def collect_run(run_dir: Path, label: str, images_dir: Path | None) -> tuple[Run
                     f"{entry['sha256']} that {arm}.json recorded; the log changed after the run"
                 )
     for rel, data in logs.items():
+        findings = redaction.scan(data.decode("utf-8", errors="replace"))
+        if findings:  # the kit masks its logs as it writes them: this one was changed since
+            raise EvidenceError(
+                f"{run_dir}/{rel} holds what looks like a secret ({'; '.join(findings[:3])}); "
+                "a bundle is handed to others, so it is not bundled. Remove the secret from "
+                "the log (the artifact's log sha256 then changes: re-run the arm)"
+            )
         name = rel.split("/", 1)[1]
         members.append(Member(prefix + rel, "log", data))
         members.append(Member(f"{prefix}log-excerpts/{name}", "log-excerpt", log_excerpt(data)))

@@ -18,7 +18,8 @@ once and the member contents once, nothing else of that size) and checks, in ord
 6. every run artifact's verdict re-derived from its recorded figures with the kit's grading
    code (`repro.verdict_check`); a verdict that does not follow is named;
 7. each log an artifact records is present with the sha256 the artifact recorded; each log
-   excerpt is the excerpt of its log; the run list matches the artifacts;
+   excerpt is the excerpt of its log; the run list matches the artifacts, one artifact per
+   arm and run; no member holds what `repro.redaction` takes for a credential;
 8. the uncompressed tar is byte for byte what `repro.bundle` writes for these contents (so a
    changed byte anywhere, even in padding or a header field, is found), and ``SUMMARY.md`` is
    this kit's rendering of the artifacts (a warning, not a failure, where it is not: another
@@ -117,6 +118,7 @@ def verify_bundle(path: Path) -> VerifyResult:
     documents = _check_json(manifest, members, result)
     _check_verdicts(documents, result)
     _check_logs(manifest, members, documents, result)
+    _check_secrets(members, result)
     if result.ok:
         _check_canonical(manifest, members, tar, result)
         _check_summary(manifest, members, result)
@@ -472,6 +474,23 @@ def _check_logs(
                 f"{MANIFEST_NAME}: run {run['label']} lists arms {sorted(run['arms'])}, the "
                 f"bundle holds artifacts of {sorted(found, key=str)}"
             )
+
+
+def _check_secrets(members: dict[str, bytes], result: VerifyResult) -> None:
+    """No member (log, excerpt, record, summary) holds what looks like a credential."""
+    from repro import redaction
+
+    found = 0
+    for name, data in members.items():
+        findings = redaction.scan(data.decode("utf-8", errors="replace"))
+        if findings:
+            found += 1
+            result.fail(
+                f"{name} holds what looks like a secret ({'; '.join(findings[:3])}); do not "
+                "pass this bundle on"
+            )
+    if not found:
+        result.ok_("no member holds anything that looks like a credential")
 
 
 # --- 8: canonical bytes and summary --------------------------------------------------------

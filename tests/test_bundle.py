@@ -621,3 +621,18 @@ def test_tar_chunks_are_the_bytes_tarfile_writes(good):
             info.uname = info.gname = ""
             tar.addfile(info, io.BytesIO(files[path]))
     assert bundle.tar_bytes(files, 1234) == buffer.getvalue()
+
+
+def test_a_bundle_carrying_a_secret_is_named(good, tmp_path):
+    files = members_of(good)
+    token = "ghp_" + "Z9y8X7w6V5" * 4  # made up
+    files["runs/clean/log-excerpts/cold-race.log"] += f"pushed with {token}\n".encode()
+    found = problems(repack(good, tmp_path / "secret.tar.gz", files, rehash=True))
+    assert any(
+        p.startswith(
+            "runs/clean/log-excerpts/cold-race.log holds what looks like a secret "
+            "(GitHub token at offset"
+        )
+        for p in found
+    ), found
+    assert not any(token in p for p in found), "the finding never repeats the secret"
