@@ -817,3 +817,51 @@ def test_replace_never_deletes_a_folder_the_installer_did_not_write(set_copy, tm
     (tmp_path / "site" / "stale.py").write_text("")
     install(set_copy, tmp_path / "site", replace=True)
     assert not (tmp_path / "site" / "stale.py").exists()
+
+
+@pytest.mark.parametrize(
+    "members, refusal",
+    [
+        ([(_member("."), b"evil")], "is not a plain relative path"),
+        ([(_member("pkg/./mod.py"), b"evil")], "is not a plain relative path"),
+        ([(_member("pkg/hard", tarfile.LNKTYPE, "pkg/absent.py"), b"")], "does not hold before"),
+    ],
+    ids=["dot-as-file", "dot-component", "hard-link-to-nothing"],
+)
+def test_members_the_fuzzer_found_are_named_refusals(tmp_path, members, refusal):
+    """Each crashed the installer with a raw tarfile or OS error (found by
+    tests/test_fuzz_archives.py); each is a named refusal now."""
+    parts = _set_of(tmp_path, members, files=1, unpacked=4)
+    with pytest.raises(UnsafeArchive, match=refusal):
+        install(parts, tmp_path / "target")
+    assert not (tmp_path / "target").exists()
+
+
+def test_a_damaged_tar_with_matching_hashes_is_a_named_refusal(tmp_path):
+    good = io.BytesIO()
+    with tarfile.open(fileobj=good, mode="w") as tar:
+        info = _member("pkg/mod.py")
+        tar.addfile(info, io.BytesIO(b"evil"))
+    damaged = bytearray(good.getvalue())
+    damaged[0] ^= 0xFF  # the first header's checksum no longer holds
+    out = tmp_path / "crafted"
+    out.mkdir()
+    archive = out / "crafted-1.0-cp312.tar.xz"
+    archive.write_bytes(lzma.compress(bytes(damaged)))
+    parts, sha, size = split_file(archive, out, 256)
+    archive.unlink()
+    doc = {
+        "format": "repro-install-set",
+        "format_version": 1,
+        "archive": {
+            "name": archive.name,
+            "bytes": size,
+            "sha256": sha,
+            "files": 1,
+            "unpacked_bytes": 4,
+        },
+        "parts": [p.as_dict() for p in parts],
+    }
+    (out / MANIFEST_NAME).write_text(json.dumps(doc))
+    with pytest.raises(UnsafeArchive, match="not a readable tar.xz"):
+        install(out, tmp_path / "target")

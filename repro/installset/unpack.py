@@ -41,6 +41,12 @@ from repro.installset.progress import Steps, human_bytes
 __all__ = ["MARKER_NAME", "PartsInvalid", "UnsafeArchive", "install", "unsafe_reason", "verify"]
 
 MARKER_NAME = ".repro-installset.json"
+try:
+    from lzma import LZMAError
+
+    _LZMA_ERRORS: tuple[type[Exception], ...] = (LZMAError,)
+except ImportError:  # a Python built without liblzma decodes with the xz program
+    _LZMA_ERRORS = ()
 _CHUNK = 1 << 20
 
 
@@ -234,6 +240,8 @@ def unsafe_reason(member: tarfile.TarInfo) -> str | None:
     parts = name.replace("\\", "/").split("/")
     if ".." in parts:
         return "contains '..'"
+    if any(part in ("", ".") for part in parts):
+        return "is not a plain relative path (a '.' or empty component)"
     if member.issparse():
         return "is a sparse file (it would expand past its stored size)"
     if member.isreg() or member.isdir():
@@ -413,7 +421,23 @@ def _extract(checked: Verified, staging: Path, steps: Steps) -> int:
                             f"archive member {member.name!r} refused by tarfile's data filter "
                             f"({exc}); refusing to install"
                         ) from exc
+                    except KeyError as exc:  # tarfile: a hard link to no earlier member
+                        raise UnsafeArchive(
+                            f"archive member {member.name!r} links to {member.linkname!r}, "
+                            "which the archive does not hold before it; refusing to install"
+                        ) from exc
+                    except OSError as exc:  # e.g. a file where the archive made a folder
+                        raise InstallSetError(
+                            f"could not write archive member {member.name!r} ({exc}); "
+                            "nothing was installed"
+                        ) from exc
                     files += member.isreg()
+        except (tarfile.TarError, EOFError, *_LZMA_ERRORS) as exc:
+            # The manifest travels with the parts: matching hashes do not make a tar whole.
+            raise UnsafeArchive(
+                f"the archive is not a readable tar.xz ({type(exc).__name__}: {exc}); "
+                "refusing to install (the kit's builds write whole archives)"
+            ) from exc
         finally:
             decoded.finish()
         raw.drain()  # xz's index and padding: the hash covers every byte
