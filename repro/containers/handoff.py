@@ -99,6 +99,8 @@ def _find_build_record(images_dir: Path | None, image_id: str) -> dict[str, Any]
     if images_dir is None or not images_dir.is_dir():
         return None
     for file in sorted(images_dir.glob("*.json")):
+        if file.is_symlink():
+            continue  # a record is a file the kit wrote here, never a link to one elsewhere
         try:
             doc = json.loads(file.read_bytes())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError):
@@ -573,6 +575,8 @@ def location_image(image_id: str, labels: dict[str, str], images_dir: Path = DEF
     image: dict[str, Any] = {"id": image_id, "labels": dict(labels)}
     if images_dir.is_dir():
         for file in sorted(images_dir.glob("imported-*.json")):
+            if file.is_symlink():
+                continue
             try:
                 doc = json.loads(file.read_bytes())
             except (OSError, UnicodeDecodeError, json.JSONDecodeError):
