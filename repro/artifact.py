@@ -20,13 +20,14 @@ import functools
 import json
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 
+from repro import redaction
 from repro.atomicio import write_json_atomic
 from repro.errors import ValidationUnavailable
 
@@ -244,88 +245,9 @@ def _type_name(value: Any) -> str:
 
 # --- secrets -------------------------------------------------------------------------------
 
-# Names of variables, keys and options whose value is a credential. Matched against the
-# name's components (split on '_' and '-'), so HF_TOKEN matches and TOKENIZERS_PARALLELISM or
-# max_num_batched_tokens do not.
-_SECRET_WORDS = frozenset(
-    {"token", "key", "apikey", "secret", "password", "passwd", "credential", "credentials"}
-)
-
-_SECRET_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("Hugging Face token", re.compile(r"hf_[A-Za-z0-9]{30,}")),
-    ("GitHub token", re.compile(r"\b(?:gh[pousr]|github_pat)_[A-Za-z0-9_]{30,}")),
-    ("AWS access key id", re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b")),
-    ("Authorization header", re.compile(r"(?i)\bauthorization\s*[:=]\s*\S+")),
-    ("Bearer credential", re.compile(r"(?i)\bbearer\s+[A-Za-z0-9._~+/=-]{8,}")),
-    ("private key", re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----")),
-)
-# NAME=value as in an environment dump or a keyword-argument repr.
-_ASSIGNMENT = re.compile(r"(?<![A-Za-z0-9_])([A-Za-z][A-Za-z0-9_]*)=(\S+)")
-# --hf-token=value or --hf-token value on a command line.
-_OPTION = re.compile(r"(?<![A-Za-z0-9-])--([A-Za-z0-9][A-Za-z0-9_-]*)(?:=|\s+)(\S+)")
-_OPTION_FLAG = re.compile(r"^--([A-Za-z0-9][A-Za-z0-9_-]*)$")
-# A value that names another variable instead of holding one ($HF_TOKEN, ${HF_TOKEN}).
-_REFERENCE = re.compile(r"^['\"]?\$\{?[A-Za-z_][A-Za-z0-9_]*\}?['\"]?$")
-
-
-def _is_secret_name(name: str) -> bool:
-    return any(part.lower() in _SECRET_WORDS for part in re.split(r"[_\-.]+", name) if part)
-
-
-def _mask(value: str) -> str:
-    return f"{value[:4]}… ({len(value)} chars)"
-
-
-def secrets_scan(text: str) -> list[str]:
-    """Return a description of each thing in ``text`` that looks like a credential.
-
-    The descriptions show only the first four characters of what matched, never the value.
-    """
-    findings: list[str] = []
-    for kind, pattern in _SECRET_PATTERNS:
-        for m in pattern.finditer(text):
-            findings.append(f"{kind} at offset {m.start()}: {_mask(m.group(0))}")
-    for regex, kind in ((_ASSIGNMENT, "variable"), (_OPTION, "option")):
-        for m in regex.finditer(text):
-            name, value = m.group(1), m.group(2)
-            if kind == "option" and value.startswith("-"):
-                continue  # the option has no value here; the next token is another option
-            if _is_secret_name(name) and not _REFERENCE.match(value):
-                findings.append(f"secret-named {kind} {name} at offset {m.start()}: {_mask(value)}")
-    return findings
-
-
-def scan_document(doc: Any) -> list[str]:
-    """Return secrets found anywhere in a JSON-like document, each with its JSON path.
-
-    Looks at every string, at every key whose name says it holds a credential (``HF_TOKEN``,
-    ``hf_token``; their non-empty string values are findings), and at argv-style lists where a
-    secret-named option (``--hf-token``) is followed by its value as the next item.
-    """
-    return [f"{path}: {finding}" for path, finding in _walk(doc, "$")]
-
-
-def _walk(node: Any, path: str) -> Iterator[tuple[str, str]]:
-    if isinstance(node, str):
-        for finding in secrets_scan(node):
-            yield path, finding
-    elif isinstance(node, Mapping):
-        for key, value in node.items():
-            child = f"{path}.{key}"
-            key = str(key)
-            yield from ((child, f) for f in secrets_scan(key))
-            if _is_secret_name(key) and isinstance(value, str) and value.strip():
-                if not _REFERENCE.match(value):
-                    yield child, f"secret-named key {key}: {_mask(value)}"
-            yield from _walk(value, child)
-    elif isinstance(node, (list, tuple)):
-        for i, item in enumerate(node):
-            yield from _walk(item, f"{path}[{i}]")
-        for i, (flag, value) in enumerate(zip(node, node[1:], strict=False)):
-            if isinstance(flag, str) and isinstance(value, str):
-                m = _OPTION_FLAG.match(flag)
-                if m and _is_secret_name(m.group(1)) and not value.startswith("-"):
-                    yield f"{path}[{i + 1}]", f"value of option {flag}: {_mask(value)}"
+# One scanner for the whole kit (repro.redaction); these names are kept for callers.
+secrets_scan = redaction.scan
+scan_document = redaction.scan_document
 
 
 # Engine-relevant environment variables that an artifact records.
@@ -333,9 +255,6 @@ _ENV_PREFIXES = ("VLLM_", "REPRO_")
 _ENV_NAMES = frozenset(
     {"HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"}
 )
-# Dropped even when allowlisted; a plain substring test, deliberately broader than the name
-# test secrets_scan uses (the schema refuses the same substrings in engine.environment).
-_ENV_DENY = ("TOKEN", "KEY", "SECRET", "PASSWORD")
 _ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
 # The kit's own plumbing between processes, recorded in their own sections (run, location).
 _ENV_PLUMBING = frozenset({"REPRO_RUN_CONTEXT", "REPRO_IMAGE"})
@@ -348,8 +267,8 @@ def redact_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     plumbing, REPRO_RUN_CONTEXT and REPRO_IMAGE, which have their own sections), and
     ``HF_HUB_OFFLINE``,
     ``TRANSFORMERS_OFFLINE``, ``CUDA_VISIBLE_DEVICES``, ``OMP_NUM_THREADS``. Dropped anyway:
-    any name containing TOKEN, KEY, SECRET or PASSWORD (case-insensitive), and names that
-    are not upper case, digits and underscores.
+    any name containing one of the scanner's secret words (`repro.redaction.SECRET_WORDS`,
+    case-insensitive), and names that are not upper case, digits and underscores.
     """
     env = os.environ if env is None else env
     kept = {}
@@ -360,7 +279,7 @@ def redact_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
             continue
         if not _ENV_NAME.fullmatch(name):
             continue  # the schema takes conventional names only (upper case, digits, '_')
-        if any(word in name.upper() for word in _ENV_DENY):
+        if redaction.is_secret_env_name(name):  # the scanner's words, as substrings
             continue
         kept[name] = str(value)
     return dict(sorted(kept.items()))

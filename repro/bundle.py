@@ -32,18 +32,18 @@ must follow from its figures (`repro.verdict_check`). Output files are written a
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import re
 import tarfile
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from repro import __version__
+from repro import __version__, redaction
 from repro.atomicio import write_bytes_atomic, write_text_atomic
 from repro.runset import (
     IMAGE_IMPORT_NAME,
@@ -88,19 +88,30 @@ class BundleResult:
 
 def tar_bytes(files: dict[str, bytes], mtime: int) -> bytes:
     """The uncompressed tar of ``files`` (path -> bytes): sorted, fixed metadata, no dirs."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for path in sorted(files):
-            data = files[path]
-            info = tarfile.TarInfo(path)
-            info.size = len(data)
-            info.mtime = mtime
-            info.mode = MEMBER_MODE
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            info.type = tarfile.REGTYPE
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
+    return b"".join(tar_chunks(files, mtime))
+
+
+def tar_chunks(files: dict[str, bytes], mtime: int) -> Iterator[bytes]:
+    """`tar_bytes` piece by piece (header, data, padding, ..., end blocks), as tarfile writes
+    them: `repro verify` compares a received tar with this without a second copy in memory."""
+    size = 0
+    for path in sorted(files):
+        data = files[path]
+        info = tarfile.TarInfo(path)
+        info.size = len(data)
+        info.mtime = mtime
+        info.mode = MEMBER_MODE
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        info.type = tarfile.REGTYPE
+        header = info.tobuf(tarfile.PAX_FORMAT, tarfile.ENCODING, "surrogateescape")
+        padding = -len(data) % tarfile.BLOCKSIZE
+        yield header
+        yield data
+        yield bytes(padding)
+        size += len(header) + len(data) + padding
+    size += 2 * tarfile.BLOCKSIZE
+    yield bytes(2 * tarfile.BLOCKSIZE + (-size % tarfile.RECORDSIZE))
 
 
 def gzip_bytes(data: bytes) -> bytes:
@@ -229,6 +240,13 @@ def collect_run(run_dir: Path, label: str, images_dir: Path | None) -> tuple[Run
                     f"{entry['sha256']} that {arm}.json recorded; the log changed after the run"
                 )
     for rel, data in logs.items():
+        findings = redaction.scan(data.decode("utf-8", errors="replace"))
+        if findings:  # the kit masks its logs as it writes them: this one was changed since
+            raise EvidenceError(
+                f"{run_dir}/{rel} holds what looks like a secret ({'; '.join(findings[:3])}); "
+                "a bundle is handed to others, so it is not bundled. Remove the secret from "
+                "the log (the artifact's log sha256 then changes: re-run the arm)"
+            )
         name = rel.split("/", 1)[1]
         members.append(Member(prefix + rel, "log", data))
         members.append(Member(f"{prefix}log-excerpts/{name}", "log-excerpt", log_excerpt(data)))
@@ -242,7 +260,8 @@ def collect_run(run_dir: Path, label: str, images_dir: Path | None) -> tuple[Run
         (IMAGE_RECORD_NAME, "image-record", "image_record", "repro-kit/image-record"),
         (IMAGE_IMPORT_NAME, "image-import", "image_import", "repro-kit/image-import"),
     ):
-        data = (run_dir / name).read_bytes() if (run_dir / name).is_file() else None
+        present = (run_dir / name).is_file() or (run_dir / name).is_symlink()
+        data = _regular_file(run_dir / name) if present else None  # never through a link
         if data is None and image_ids:
             data = _find_image_file(images_dir, schema_tag, image_ids)
         if data is not None:
@@ -265,6 +284,8 @@ def _find_image_file(images_dir: Path | None, schema_tag: str, ids: set[str]) ->
     if images_dir is None or not images_dir.is_dir():
         return None
     for file in sorted(images_dir.glob("*.json")):
+        if file.is_symlink():
+            continue  # a record is a file the kit wrote here, never a link to one elsewhere
         try:
             data = file.read_bytes()
             doc = json.loads(data)

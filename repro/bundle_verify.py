@@ -1,14 +1,16 @@
 """Verify an evidence bundle without extracting it.
 
-`python -m repro verify FILE.tar.gz` reads the archive into memory (never onto disk) and checks,
-in order:
+`python -m repro verify FILE.tar.gz` reads the archive into memory (never onto disk; the tar
+once and the member contents once, nothing else of that size) and checks, in order:
 
 1. the archive's sha256 against ``FILE.tar.gz.sha256`` when that file is next to it;
 2. the gzip stream: complete (a truncated archive is named as such), CRC and length intact,
-   one member, nothing after it, the kit's fixed header;
+   one member, nothing after it, the kit's fixed header, at most MAX_UNCOMPRESSED_BYTES
+   decompressed (checked every MiB of output, so a gzip bomb stops there);
 3. every tar member: a regular file with a relative path, no ``..`` or ``.`` component, no
    absolute path, no link (a link pointing outside the bundle is named as such), no device,
-   no directory, no duplicate. Such members are refused and their contents never read;
+   no directory, no sparse file, no duplicate. Such members are refused and their contents
+   never read;
 4. ``MANIFEST.json`` against ``schemas/bundle-manifest.v1.schema.json``; every file it lists
    is present with its size and sha256, and no file is present that it does not list;
 5. every JSON file against the schema of its kind (run artifact, image record, image import
@@ -16,7 +18,8 @@ in order:
 6. every run artifact's verdict re-derived from its recorded figures with the kit's grading
    code (`repro.verdict_check`); a verdict that does not follow is named;
 7. each log an artifact records is present with the sha256 the artifact recorded; each log
-   excerpt is the excerpt of its log; the run list matches the artifacts;
+   excerpt is the excerpt of its log; the run list matches the artifacts, one artifact per
+   arm and run; no member holds what `repro.redaction` takes for a credential;
 8. the uncompressed tar is byte for byte what `repro.bundle` writes for these contents (so a
    changed byte anywhere, even in padding or a header field, is found), and ``SUMMARY.md`` is
    this kit's rendering of the artifacts (a warning, not a failure, where it is not: another
@@ -44,7 +47,7 @@ from repro.bundle import (
     log_excerpt,
     parse_timestamp,
     sidecar,
-    tar_bytes,
+    tar_chunks,
 )
 from repro.runset import SCHEMA_OF_KIND, runs_from_files
 
@@ -100,15 +103,7 @@ class VerifyResult:
 
 def verify_bundle(path: Path) -> VerifyResult:
     result = VerifyResult(path)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        result.fail(f"cannot read {path}: {exc.strerror or exc}")
-        return result
-    digest = hashlib.sha256(data).hexdigest()
-    result.note(f"archive: {len(data)} bytes, sha256 {digest}")
-    _check_sidecar(path, digest, result)
-    tar = _gunzip(data, result)
+    tar = _read_and_gunzip(path, result)
     if tar is None:
         return result
     members = _read_members(tar, result)
@@ -123,6 +118,7 @@ def verify_bundle(path: Path) -> VerifyResult:
     documents = _check_json(manifest, members, result)
     _check_verdicts(documents, result)
     _check_logs(manifest, members, documents, result)
+    _check_secrets(members, result)
     if result.ok:
         _check_canonical(manifest, members, tar, result)
         _check_summary(manifest, members, result)
@@ -147,47 +143,80 @@ def _check_sidecar(path: Path, digest: str, result: VerifyResult) -> None:
         result.ok_(f"archive sha256 matches {side.name}")
 
 
-def _gunzip(data: bytes, result: VerifyResult) -> bytes | None:
-    if data[:2] != b"\x1f\x8b":
-        result.fail(f"not a gzip file (starts with {data[:4]!r}); a bundle is a .tar.gz")
-        return None
-    decompressor = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    out = bytearray()
+def _read_and_gunzip(path: Path, result: VerifyResult) -> bytearray | None:
+    """Hash and decompress ``path`` in one streaming pass; the tar, or None (named)."""
     try:
-        for start in range(0, len(data), _CHUNK):
-            out += decompressor.decompress(data[start : start + _CHUNK])
-            if len(out) > MAX_UNCOMPRESSED_BYTES:
-                result.fail(
-                    f"more than {MAX_UNCOMPRESSED_BYTES} bytes uncompressed; refused "
-                    "(a bundle of artifacts and logs is far smaller)"
-                )
-                return None
-        out += decompressor.flush()
-    except zlib.error as exc:
+        handle = open(path, "rb")  # noqa: SIM115 - closed below, whatever happens
+    except OSError as exc:
+        result.fail(f"cannot read {path}: {exc.strerror or exc}")
+        return None
+    with handle:
+        digest = hashlib.sha256()
+        head = handle.read(len(GZIP_HEADER))
+        if head[:2] != b"\x1f\x8b":
+            result.fail(f"not a gzip file (starts with {head[:4]!r}); a bundle is a .tar.gz")
+            return None
+        decompressor = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        out = bytearray()
+        size = 0
+        error = None
+        end = None  # where the gzip stream ended in the file
+        chunk = head
+        while chunk:
+            digest.update(chunk)
+            size += len(chunk)
+            if error is None and end is None:
+                error = _inflate(decompressor, chunk, out)
+                if decompressor.eof:
+                    end = size - len(decompressor.unused_data)
+            chunk = handle.read(_CHUNK)
+    result.note(f"archive: {size} bytes, sha256 {digest.hexdigest()}")
+    _check_sidecar(path, digest.hexdigest(), result)
+    if error == "too big":
         result.fail(
-            f"archive is corrupt: the gzip stream does not decode ({exc}); a changed or "
+            f"more than {MAX_UNCOMPRESSED_BYTES} bytes uncompressed; refused "
+            "(a bundle of artifacts and logs is far smaller)"
+        )
+        return None
+    if error is not None:
+        result.fail(
+            f"archive is corrupt: the gzip stream does not decode ({error}); a changed or "
             "lost byte. Ask for the bundle again"
         )
         return None
     if not decompressor.eof:
         result.fail(
-            f"archive is truncated: the gzip stream ends after {len(data)} bytes without its "
+            f"archive is truncated: the gzip stream ends after {size} bytes without its "
             "end marker. Ask for the bundle again (an interrupted download or copy)"
         )
         return None
-    if decompressor.unused_data:
+    if end is not None and end < size:
         result.fail(
-            f"{len(decompressor.unused_data)} unexpected bytes after the gzip stream (a bundle "
-            "is one gzip member)"
+            f"{size - end} unexpected bytes after the gzip stream (a bundle is one gzip member)"
         )
         return None
     result.ok_(f"gzip stream complete, CRC and length intact ({len(out)} bytes of tar)")
-    if data[: len(GZIP_HEADER)] != GZIP_HEADER:
+    if head != GZIP_HEADER:
         result.fail(
-            f"gzip header {data[: len(GZIP_HEADER)].hex()} differs from the kit's fixed header "
+            f"gzip header {head.hex()} differs from the kit's fixed header "
             f"{GZIP_HEADER.hex()} (a changed byte, or not written by `python -m repro bundle`)"
         )
-    return bytes(out)
+    return out
+
+
+def _inflate(decompressor, chunk: bytes, out: bytearray) -> str | None:
+    """Decompress ``chunk`` onto ``out`` a slice at a time, so the cap holds to within one
+    slice (a gzip bomb inflates 1 MiB of input to about 1 GiB); None, "too big" or the error."""
+    pending = chunk
+    try:
+        while pending and not decompressor.eof:
+            out += decompressor.decompress(pending, _CHUNK)
+            if len(out) > MAX_UNCOMPRESSED_BYTES:
+                return "too big"
+            pending = decompressor.unconsumed_tail
+    except zlib.error as exc:
+        return str(exc)
+    return None
 
 
 # --- 3: members, without extracting --------------------------------------------------------
@@ -207,6 +236,8 @@ def unsafe_reason(member: tarfile.TarInfo) -> str | None:
         return f"{name!r}: not a plain relative path ('.', '//' or '\\')"
     if not name.isprintable():
         return f"{name!r}: control characters in the name"
+    if member.issparse():  # tarfile counts it regular; read, it expands past its size
+        return f"{name!r}: a sparse file ({member.size} bytes once expanded); a bundle holds none"
     if member.issym() or member.islnk():
         kind = "symbolic link" if member.issym() else "hard link"
         target = member.linkname
@@ -221,11 +252,39 @@ def unsafe_reason(member: tarfile.TarInfo) -> str | None:
     return None
 
 
-def _read_members(tar: bytes, result: VerifyResult) -> dict[str, bytes] | None:
+class _View(io.RawIOBase):
+    """A read-only file over the tar in memory: tarfile reads it without a copy of it."""
+
+    def __init__(self, data: bytearray) -> None:
+        self._view = memoryview(data)
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:  # type: ignore[override]
+        piece = self._view[self._pos : self._pos + len(buffer)]
+        buffer[: len(piece)] = piece
+        self._pos += len(piece)
+        return len(piece)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+
+def _read_members(tar: bytearray, result: VerifyResult) -> dict[str, bytes] | None:
     contents: dict[str, bytes] = {}
     refused = 0
     try:
-        with tarfile.open(fileobj=io.BytesIO(tar), mode="r:") as archive:
+        with tarfile.open(fileobj=_View(tar), mode="r:") as archive:
             for member in archive:
                 reason = unsafe_reason(member)
                 if reason:
@@ -388,6 +447,7 @@ def _check_logs(
         elif log_excerpt(members[full]) != members[path]:
             result.fail(f"{path}: not the excerpt of {full}")
     arms_by_label: dict[str, set[str]] = {}
+    files_by_arm: dict[tuple[str, Any], list[str]] = {}
     for name, kind in kinds.items():
         if kind != "run-artifact" or name not in members:
             continue
@@ -400,6 +460,13 @@ def _check_logs(
         except (UnicodeDecodeError, json.JSONDecodeError, AttributeError):
             continue
         arms_by_label.setdefault(parts[1], set()).add(arm)
+        files_by_arm.setdefault((parts[1], arm), []).append(name)
+    for (label, arm), names in files_by_arm.items():
+        if len(names) > 1:  # report and compare show one artifact per arm and run
+            result.fail(
+                f"run {label} holds {len(names)} artifacts of the {arm} arm "
+                f"({', '.join(names)}); a run has one per arm, so all but one would be hidden"
+            )
     for run in manifest["runs"]:
         found = arms_by_label.get(run["label"], set())
         if found != set(run["arms"]):
@@ -409,30 +476,54 @@ def _check_logs(
             )
 
 
+def _check_secrets(members: dict[str, bytes], result: VerifyResult) -> None:
+    """No member (log, excerpt, record, summary) holds what looks like a credential."""
+    from repro import redaction
+
+    found = 0
+    for name, data in members.items():
+        findings = redaction.scan(data.decode("utf-8", errors="replace"))
+        if findings:
+            found += 1
+            result.fail(
+                f"{name} holds what looks like a secret ({'; '.join(findings[:3])}); do not "
+                "pass this bundle on"
+            )
+    if not found:
+        result.ok_("no member holds anything that looks like a credential")
+
+
 # --- 8: canonical bytes and summary --------------------------------------------------------
 
 
 def _check_canonical(
-    manifest: dict[str, Any], members: dict[str, bytes], tar: bytes, result: VerifyResult
+    manifest: dict[str, Any], members: dict[str, bytes], tar: bytearray, result: VerifyResult
 ) -> None:
     mtime = int(parse_timestamp(manifest["created"]).timestamp())
-    canonical = tar_bytes(members, mtime)
-    if canonical == tar:
-        result.ok_("archive bytes are the kit's canonical tar of these contents")
-        return
-    offset = next(
-        (i for i, (a, b) in enumerate(zip(canonical, tar, strict=False)) if a != b),
-        min(len(canonical), len(tar)),
-    )
+    view = memoryview(tar)
+    offset = 0
+    for piece in tar_chunks(members, mtime):  # compared piece by piece: no second copy
+        if view[offset : offset + len(piece)] != piece:
+            got = view[offset : offset + len(piece)]
+            offset += next(
+                (i for i, (a, b) in enumerate(zip(piece, got, strict=False)) if a != b),
+                min(len(piece), len(got)),
+            )
+            break
+        offset += len(piece)
+    else:
+        if offset == len(tar):
+            result.ok_("archive bytes are the kit's canonical tar of these contents")
+            return
     result.fail(
         f"tar differs from the canonical archive of its own contents at byte {offset} "
         f"(in {_member_at(tar, offset)}): altered after `python -m repro bundle` wrote it"
     )
 
 
-def _member_at(tar: bytes, offset: int) -> str:
+def _member_at(tar: bytearray, offset: int) -> str:
     try:
-        with tarfile.open(fileobj=io.BytesIO(tar), mode="r:") as archive:
+        with tarfile.open(fileobj=_View(tar), mode="r:") as archive:
             for member in archive:
                 end = member.offset_data + ((member.size + 511) // 512) * 512
                 if member.offset <= offset < member.offset_data:

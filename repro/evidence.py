@@ -213,8 +213,14 @@ def waves_from_document(doc: dict[str, Any]) -> tuple[list[grading.Wave], list[f
     return waves, noise
 
 
-def regrade(doc: dict[str, Any]) -> grading.Verdict:
-    """Re-derive an artifact's verdict from its recorded figures and counters."""
+def regrade(doc: dict[str, Any], *, as_recorded: bool = False) -> grading.Verdict:
+    """Re-derive an artifact's verdict from its recorded figures and counters.
+
+    With the current rules by default: every gate this kit has applies, whatever the artifact
+    says, so an artifact cannot switch a gate off by leaving it out. ``as_recorded`` grades
+    with the gates the artifact records instead (an artifact from before
+    ``signal.control_spread_gate`` existed re-grades without it): how it was graded then,
+    never what `verify` accepts."""
     waves, noise = waves_from_document(doc)
     apc = doc["counters"]["apc"]
     graded_waves = [w.name for w in waves]
@@ -243,6 +249,9 @@ def regrade(doc: dict[str, Any]) -> grading.Verdict:
             else None
         ),
         extra_noise=noise,
-        # Artifacts from before the gate do not record it and re-grade without it.
-        control_spread_gate=bool((doc.get("signal") or {}).get("control_spread_gate")),
+        control_spread_gate=(
+            bool((doc.get("signal") or {}).get("control_spread_gate"))
+            if as_recorded
+            else grading.CONTROL_SPREAD_GATE
+        ),
     )

@@ -22,8 +22,14 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from repro import envinfo, evidence, grading, patching
-from repro.artifact import redact_env, require_validation, validate_artifact, write_artifact
+from repro import envinfo, evidence, grading, patching, redaction
+from repro.artifact import (
+    ArtifactContainsSecrets,
+    redact_env,
+    require_validation,
+    validate_artifact,
+    write_artifact,
+)
 from repro.atomicio import sha256_file, write_json_atomic
 from repro.errors import NotEvidence, ReproError
 from repro.profiles import Profile, get_profile
@@ -38,7 +44,6 @@ IMAGE_ENV = "REPRO_IMAGE"
 FACTS_FILE = ".container-facts.json"
 DEFAULT_FAULT_KIND = "restored-state-noise"
 DEFAULT_ARM_TIMEOUT_S = 30 * 60
-_TOKEN_PATTERN = re.compile(r"hf_[A-Za-z0-9]{20,}")
 
 
 def utc_now() -> str:
@@ -183,7 +188,8 @@ def _run_arm_child(
         pump.join()
     elapsed = time.monotonic() - started
 
-    if partial.is_file() and returncode == 0:
+    crashed = not (partial.is_file() and returncode == 0)
+    if not crashed:
         doc = json.loads(partial.read_text())
     else:
         reason = (
@@ -201,7 +207,10 @@ def _run_arm_child(
     doc["logs"] = [log_entry(out_dir, log_rel)]
     doc["run"]["duration_s"] = round(max(doc["run"]["duration_s"], elapsed), 3)
     target = out_dir / f"{arm}.json"
-    write_artifact(doc, target)
+    if crashed:
+        doc = _write_crash_record(doc, target)
+    else:
+        write_artifact(doc, target)
     partial.unlink(missing_ok=True)
     return doc
 
@@ -236,13 +245,22 @@ def write_error_record(
     )
     doc["logs"] = [log_entry(out_dir, rel) for rel in kept]
     doc["run"]["duration_s"] = round(duration_s, 3)
-    write_artifact(doc, out_dir / f"{arm}.json")
+    return _write_crash_record(doc, out_dir / f"{arm}.json")
+
+
+def _write_crash_record(doc: dict[str, Any], path: Path) -> dict[str, Any]:
+    """Write an `error` record, always: what it quotes is masked if the scanner objects."""
+    try:
+        write_artifact(doc, path)
+    except ArtifactContainsSecrets:
+        doc = redaction.redact_document(doc)
+        write_artifact(doc, path)
     return doc
 
 
 def _tee(stream, log) -> None:
     for line in stream:
-        line = _TOKEN_PATTERN.sub("hf_***", line)
+        line = redaction.redact(line)
         log.write(line)
         log.flush()
         sys.stdout.write(line)
@@ -283,11 +301,12 @@ def _crash_document(
 
 
 def _tail(path: Path, lines: int = 15) -> str:
+    """The log's last lines, secrets masked (the record quotes them)."""
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return "(no log)"
-    return "\n".join(text.splitlines()[-lines:])
+    return redaction.redact("\n".join(text.splitlines()[-lines:]))
 
 
 def _profile(context: dict[str, Any]) -> Profile:

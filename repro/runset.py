@@ -13,6 +13,7 @@ made from valid evidence only.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,11 @@ def load_run_dir(path: Path) -> Run:
     for file in sorted(path.glob("*.json")):
         if file.name.startswith("."):
             continue  # a partial record of an arm still running
+        if file.is_symlink():  # evidence is the files the run wrote, not what a link points at
+            raise EvidenceError(
+                f"{file}: a link (to {os.readlink(file)}); a run directory's records are "
+                "regular files only: copy the file in its place"
+            )
         if file.name in (IMAGE_RECORD_NAME, IMAGE_IMPORT_NAME, WEIGHTS_MANIFEST_NAME):
             kind = _kind_of_name(file.name)
             records[kind] = parse_json(file.read_bytes(), str(file), kind)
@@ -147,6 +153,11 @@ def runs_from_files(
             if not name.startswith(prefix) or kind not in SCHEMA_OF_KIND:
                 continue
             doc = json.loads(contents[name])
+            key = doc["arm"] if kind == "run-artifact" else kind
+            if key in (documents if kind == "run-artifact" else records):
+                raise EvidenceError(  # verify refuses this too; never keep only the last one
+                    f"{source}: run {entry['label']} holds two {key} files; one would be hidden"
+                )
             if kind == "run-artifact":
                 documents[doc["arm"]] = doc
             else:

@@ -6,8 +6,13 @@ says: the verdict's status and gate, the signal's threshold, and each wave's for
 flips and per-request `flagged` marks. A hand-edited verdict (or figures edited to fit a
 verdict) shows up here even when every hash in a bundle is consistent.
 
-Error records and geometry-gated records carry no figures (they stopped before any wave ran):
-there is nothing to re-derive, and the check says so instead of passing them silently.
+Every verdict whose figures exist is re-derived, with the kit's current rules (a gate the
+artifact leaves out still applies). Error records and geometry-gated records normally carry no
+figures (they stopped before any wave ran, or before grading): there is nothing to re-derive,
+and the check says so. One that does carry figures is re-derived all the same: figures that
+cannot be graded, or that grade as `corrupted`, are named (a corruption relabelled `error` or
+`inconclusive (geometry)` is still a corruption), and a geometry-gated record carrying figures
+is named too (the geometry gate stops a run before its first wave).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from repro import evidence
+from repro import evidence, grading
 
 
 @dataclass
@@ -30,25 +35,37 @@ class VerdictCheck:
     note: str = ""
 
 
+def _carries_figures(doc: dict[str, Any]) -> bool:
+    return any(doc.get(key) is not None for key in ("figures", "counters", "signal"))
+
+
 def check_verdict(doc: dict[str, Any]) -> VerdictCheck:
     recorded = doc["verdict"]
-    if recorded["status"] == "error":
-        return VerdictCheck(False, note="error record: no figures to re-derive a verdict from")
-    if recorded["status"] == "inconclusive" and recorded["gate"] == "geometry":
-        return VerdictCheck(False, note="geometry-gated: stopped before any wave ran")
+    stopped = recorded["status"] == "error" or (
+        recorded["status"] == "inconclusive" and recorded["gate"] == "geometry"
+    )
+    if stopped and not _carries_figures(doc):
+        why = (
+            "error record: no figures to re-derive a verdict from"
+            if recorded["status"] == "error"
+            else "geometry-gated: stopped before any wave ran"
+        )
+        return VerdictCheck(False, note=why)
     try:
         verdict = evidence.regrade(doc)
-    except (KeyError, TypeError, ValueError, AssertionError) as exc:
+    except (KeyError, TypeError, ValueError, AssertionError, AttributeError) as exc:
         return VerdictCheck(
             True,
             problems=[f"figures cannot be re-graded ({type(exc).__name__}: {exc})"],
         )
+    if stopped:
+        return _check_stopped(doc, verdict)
     check = VerdictCheck(True, status=verdict.status, gate=verdict.gate)
     if (verdict.status, verdict.gate) != (recorded["status"], recorded["gate"]):
         check.problems.append(
             f"recorded verdict {_show(recorded['status'], recorded['gate'])} does not follow "
             f"from its figures: re-graded {_show(verdict.status, verdict.gate)} "
-            f"({verdict.reason})"
+            f"({verdict.reason}){_older_rules(doc)}"
         )
     elif verdict.reason != recorded["reason"]:
         check.note = f"same verdict; reason worded differently by this kit: {verdict.reason}"
@@ -89,6 +106,43 @@ def check_verdict(doc: dict[str, Any]) -> VerdictCheck:
                 f"for request(s) {changed}"
             )
     return check
+
+
+def _check_stopped(doc: dict[str, Any], verdict) -> VerdictCheck:
+    """An error or geometry-gated record that carries figures anyway."""
+    recorded = doc["verdict"]
+    shown = _show(recorded["status"], recorded["gate"])
+    check = VerdictCheck(True, status=verdict.status, gate=verdict.gate)
+    if recorded["status"] == "inconclusive":
+        check.problems.append(
+            f"recorded {shown}, yet it carries figures (they grade "
+            f"{_show(verdict.status, verdict.gate)}): the geometry gate stops a run before "
+            "its first wave, so these figures were added or the verdict relabelled"
+        )
+    elif verdict.status == "corrupted":
+        check.problems.append(
+            f"recorded {shown}, yet its figures grade corrupted ({verdict.reason}): an error "
+            "does not make a corruption go away; read this run as corrupted"
+        )
+    else:
+        check.note = (
+            f"error record carrying figures; they grade {_show(verdict.status, verdict.gate)}, "
+            "the recorded error stands"
+        )
+    return check
+
+
+def _older_rules(doc: dict[str, Any]) -> str:
+    """Where the artifact was graded without a gate this kit applies, say so."""
+    if (doc.get("signal") or {}).get("control_spread_gate") or not grading.CONTROL_SPREAD_GATE:
+        return ""
+    old = evidence.regrade(doc, as_recorded=True)
+    if (old.status, old.gate) != (doc["verdict"]["status"], doc["verdict"]["gate"]):
+        return ""
+    return (
+        "; it was graded without the control-spread gate (signal.control_spread_gate not "
+        "recorded as true), which this kit always applies"
+    )
 
 
 def _show(status: str, gate: str | None) -> str:

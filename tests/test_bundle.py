@@ -14,9 +14,11 @@ import io
 import json
 import shutil
 import tarfile
+import zlib
 from pathlib import Path
 
 import pytest
+from crafted_archives import gnu_sparse_member
 
 from repro import bundle, report, runset
 from repro.bundle_verify import verify_bundle
@@ -425,3 +427,212 @@ def test_streamed_atomic_output_keeps_the_old_file_on_failure(tmp_path):
     with open_atomic(target) as out:
         out.write(b"new archive")
     assert target.read_bytes() == b"new archive"
+
+
+# --- relabelled verdicts: every verdict whose figures exist is re-derived, current rules ----
+
+
+def _forge(good: Path, tmp_path: Path, name: str, edit) -> list[str]:
+    """Edit one artifact, keep every hash consistent, and return what verify names."""
+    files = members_of(good)
+    doc = json.loads(files[name])
+    edit(doc)
+    files[name] = json.dumps(doc).encode()
+    return problems(repack(good, tmp_path / "forged.tar.gz", files, rehash=True))
+
+
+def _relabel_geometry(doc):
+    doc["verdict"] = {"status": "inconclusive", "gate": "geometry", "reason": "geometry"}
+
+
+def _relabel_error(doc):
+    doc["verdict"] = {"status": "error", "gate": None, "reason": "engine died"}
+    doc["error"] = {"type": "ArmProcessFailed", "message": "engine died", "phase": "arm"}
+
+
+def test_a_corrupted_run_relabelled_geometry_gated_is_named(good, tmp_path):
+    found = _forge(good, tmp_path, "runs/fault/cold-race.json", _relabel_geometry)
+    assert any(
+        p.startswith(
+            "runs/fault/cold-race.json: recorded inconclusive (geometry), yet it "
+            "carries figures (they grade corrupted)"
+        )
+        for p in found
+    ), found
+
+
+def test_a_corrupted_run_relabelled_error_is_named(good, tmp_path):
+    found = _forge(good, tmp_path, "runs/fault/cold-race.json", _relabel_error)
+    assert any(
+        p.startswith(
+            "runs/fault/cold-race.json: recorded error, yet its figures grade "
+            "corrupted (wave1: 14 forward flips"
+        )
+        for p in found
+    ), found
+
+
+@pytest.mark.parametrize("relabel", [_relabel_error, _relabel_geometry], ids=["error", "geometry"])
+def test_a_stopped_record_carrying_figures_that_cannot_be_graded_is_named(good, tmp_path, relabel):
+    def edit(doc):
+        relabel(doc)
+        doc["counters"] = None  # figures without the counters they are graded with
+
+    found = _forge(good, tmp_path, "runs/fault/cold-race.json", edit)
+    assert any(
+        p.startswith("runs/fault/cold-race.json: figures cannot be re-graded (TypeError")
+        for p in found
+    ), found
+
+
+@pytest.mark.parametrize("recorded", ["absent", False])
+def test_an_artifact_cannot_switch_off_the_control_spread_gate(
+    good, tmp_path, recorded, monkeypatch
+):
+    """The control disagrees with itself (one benign spread of 0.09, far above the 0.024
+    threshold): the current rules grade it inconclusive whatever the artifact records."""
+    from repro import evidence, grading
+
+    def edit(doc):
+        doc["figures"]["waves"][0]["extra"]["benign_noise"].append(0.09)
+        if recorded == "absent":
+            doc["signal"].pop("control_spread_gate", None)
+        else:
+            doc["signal"]["control_spread_gate"] = recorded
+        with monkeypatch.context() as rules_before_the_gate:
+            rules_before_the_gate.setattr(grading, "CONTROL_SPREAD_GATE", False)
+            old_rules = evidence.regrade(doc)
+        assert old_rules.status == "clean", "without the gate the forger's verdict holds"
+        doc["verdict"] = evidence.verdict_section(old_rules)
+        doc["signal"]["threshold"] = old_rules.threshold.value
+        doc["signal"]["noise_samples"] = old_rules.threshold.noise_samples
+
+    found = _forge(good, tmp_path, "runs/clean/cold-race.json", edit)
+    assert any(
+        p.startswith(
+            "runs/clean/cold-race.json: recorded verdict clean does not follow from its "
+            "figures: re-graded inconclusive (control_quality)"
+        )
+        and p.endswith("which this kit always applies")
+        for p in found
+    ), found
+
+
+def test_an_error_record_without_figures_is_noted_not_failed(good, tmp_path):
+    def edit(doc):
+        _relabel_error(doc)
+        doc["figures"] = doc["counters"] = doc["signal"] = None
+
+    files = members_of(good)
+    doc = json.loads(files["runs/fault/cold-race.json"])
+    edit(doc)
+    from repro.verdict_check import check_verdict
+
+    check = check_verdict(doc)
+    assert not check.rederived and check.problems == []
+    assert check.note == "error record: no figures to re-derive a verdict from"
+
+
+# --- hiding an artifact, memory bombs ------------------------------------------------------
+
+
+def _gzip_tar(dst: Path, tar: bytes) -> Path:
+    data = bundle.gzip_bytes(tar)
+    dst.write_bytes(data)
+    bundle.sidecar(dst).write_text(f"{hashlib.sha256(data).hexdigest()}  {dst.name}\n")
+    return dst
+
+
+def test_two_artifacts_of_one_arm_under_one_label_are_refused(good, tmp_path):
+    files = members_of(good)
+    doc = json.loads(files["runs/fault/cold-race.json"])
+    files["runs/fault/cold-race-again.json"] = json.dumps(doc).encode()
+    manifest = json.loads(files["MANIFEST.json"])
+    data = files["runs/fault/cold-race-again.json"]
+    manifest["files"].append(
+        {
+            "path": "runs/fault/cold-race-again.json",
+            "kind": "run-artifact",
+            "bytes": len(data),
+            "sha256": hashlib.sha256(data).hexdigest(),
+        }
+    )
+    manifest["files"].sort(key=lambda e: e["path"])
+    files["MANIFEST.json"] = (json.dumps(manifest, indent=2) + "\n").encode()
+    found = problems(repack(good, tmp_path / "two.tar.gz", files, rehash=True))
+    assert any(p.startswith("run fault holds 2 artifacts of the cold-race arm (") for p in found), (
+        found
+    )
+    with pytest.raises(EvidenceError, match="holds two cold-race files"):
+        runset.runs_from_files(manifest, files, source="two.tar.gz")
+
+
+def _peak_bytes(function):
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        value = function()
+        return value, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_sparse_member_is_refused_unread(good, tmp_path):
+    """79 bytes of gzip hold a member that reads as 512 MiB: refused from its header."""
+    files = members_of(good)
+    mtime = int(bundle.parse_timestamp(json.loads(files["MANIFEST.json"])["created"]).timestamp())
+    pieces = list(bundle.tar_chunks(files, mtime))
+    sparse = gnu_sparse_member("runs/clean/big.bin", 512 << 20)
+    bad = _gzip_tar(tmp_path / "sparse.tar.gz", b"".join(pieces[:-1]) + sparse + bytes(1024))
+    result, peak = _peak_bytes(lambda: verify_bundle(bad))
+    assert "refused member 'runs/clean/big.bin': a sparse file (536870912 bytes once " in (
+        " ".join(result.problems)
+    ), result.render()
+    assert peak < 32 << 20, f"verify held {peak} bytes for a sparse member"
+
+
+def test_a_gzip_bomb_stops_at_the_cap_within_one_slice(tmp_path, monkeypatch):
+    from repro import bundle_verify
+
+    monkeypatch.setattr(bundle_verify, "MAX_UNCOMPRESSED_BYTES", 4 << 20)
+    deflate = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    zeros = bytes(1 << 20)
+    bomb = b"".join(deflate.compress(zeros) for _ in range(64)) + deflate.flush()
+    assert len(bomb) < 1 << 20, "the whole 64 MiB bomb fits in one input chunk"
+    path = tmp_path / "bomb.tar.gz"
+    path.write_bytes(bomb)
+    result, peak = _peak_bytes(lambda: verify_bundle(path))
+    assert result.problems == [
+        f"more than {4 << 20} bytes uncompressed; refused (a bundle of artifacts and logs is "
+        "far smaller)"
+    ]
+    assert peak < 12 << 20, f"verify held {peak} bytes for a 4 MiB cap"
+
+
+def test_tar_chunks_are_the_bytes_tarfile_writes(good):
+    files = members_of(good)
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path in sorted(files):
+            info = tarfile.TarInfo(path)
+            info.size, info.mtime, info.mode = len(files[path]), 1234, bundle.MEMBER_MODE
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            tar.addfile(info, io.BytesIO(files[path]))
+    assert bundle.tar_bytes(files, 1234) == buffer.getvalue()
+
+
+def test_a_bundle_carrying_a_secret_is_named(good, tmp_path):
+    files = members_of(good)
+    token = "ghp_" + "Z9y8X7w6V5" * 4  # made up
+    files["runs/clean/log-excerpts/cold-race.log"] += f"pushed with {token}\n".encode()
+    found = problems(repack(good, tmp_path / "secret.tar.gz", files, rehash=True))
+    assert any(
+        p.startswith(
+            "runs/clean/log-excerpts/cold-race.log holds what looks like a secret "
+            "(GitHub token at offset"
+        )
+        for p in found
+    ), found
+    assert not any(token in p for p in found), "the finding never repeats the secret"

@@ -285,6 +285,27 @@ def test_an_imported_image_names_its_archive_in_the_run_record(tmp_path, monkeyp
     assert runner.image_from_env()["archive_sha256"] == archive
 
 
+def test_an_import_record_is_never_read_through_a_link(tmp_path):
+    """A link in the images folder could make a run claim an archive nobody imported."""
+    from repro.containers import handoff
+
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text(
+        json.dumps(
+            {
+                "schema": "repro-kit/image-import",
+                "image": {"id": IMAGE_FACTS["id"]},
+                "archive": {"sha256": "cd" * 32},
+            }
+        )
+    )
+    images_dir = tmp_path / "images"
+    images_dir.mkdir()
+    (images_dir / "imported-x.json").symlink_to(elsewhere)
+    image = handoff.location_image(IMAGE_FACTS["id"], {}, images_dir)
+    assert "archive_sha256" not in image
+
+
 def test_kit_commit_comes_from_the_image_labels_inside_one(monkeypatch):
     from repro import envinfo, runner
 

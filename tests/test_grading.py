@@ -232,3 +232,25 @@ def test_control_that_disagrees_with_itself_cannot_grade_the_cache():
     )
     # A spread within the threshold (the CPU's one bf16 step) leaves the verdict to the flips.
     assert grade_logprob(wave, extra_noise=[0.008] * 15).status == "corrupted"
+
+
+def test_the_one_sided_split_decides_when_both_groups_pass_the_threshold():
+    """Flagged cache hits are forward flips and flagged cold requests reverse ones: a wave
+    where both groups cross the threshold is clean within the margin, and one where the
+    hits outnumber the cold ones past it is corrupted. (Counting every flagged request as a
+    forward flip, or as a reverse one, turns one of these verdicts around.)"""
+    quiet = [0.001] * 40  # benign spread measured beside the wave: sets the floor low
+    cold = [0.001] * 17 + [0.05] * 3  # 3 cold requests cross the threshold
+    balanced = logprob_wave(hit=[0.001] * 6 + [0.05] * 4, cold=cold)
+    verdict = grade_logprob(balanced, extra_noise=quiet)
+    assert verdict.threshold.value == grading.THRESHOLD_MIN  # both groups' 0.05 are flagged
+    (grade,) = verdict.waves
+    assert (grade.forward_flips, grade.reverse_flips) == (4, 3)
+    assert grade.flagged == (False,) * 6 + (True,) * 4 + (False,) * 17 + (True,) * 3
+    assert verdict.status == "clean", verdict.reason
+
+    one_sided = logprob_wave(hit=[0.001] * 4 + [0.05] * 6, cold=cold)
+    verdict = grade_logprob(one_sided, extra_noise=quiet)
+    (grade,) = verdict.waves
+    assert (grade.forward_flips, grade.reverse_flips) == (6, 3)
+    assert verdict.status == "corrupted" and "6 forward flips vs 3 reverse" in verdict.reason

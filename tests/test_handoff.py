@@ -203,3 +203,110 @@ def test_missing_record_and_unknown_image_are_named(client, tmp_path):
         handoff.import_image(client, archive, log=lambda _m: None)
     with pytest.raises(HandoffError, match="no image 'repro-kit-test/none:missing'"):
         handoff.export_image(client, "repro-kit-test/none:missing", tmp_path / "x.tar")
+
+
+# --- crafted archives: whatever `docker load` would read beyond the one image is refused ----
+
+
+def _members(archive: Path) -> list[tuple[tarfile.TarInfo, bytes]]:
+    with tarfile.open(archive) as tar:
+        return [(m, tar.extractfile(m).read() if m.isreg() else b"") for m in tar.getmembers()]
+
+
+def _craft(exported, tmp_path: Path, name: str, edit) -> Path:
+    """A copy of the export with ``edit`` applied to its members, and a record that matches
+    it (the sender controls both, so the hashes prove nothing here)."""
+    members = edit(_members(exported.archive))
+    out = tmp_path / name
+    with tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as tar:
+        for info, data in members:
+            info.size = len(data) if info.isreg() else 0
+            tar.addfile(info, io.BytesIO(data) if info.isreg() else None)
+    record = json.loads(exported.record_path.read_text())
+    data = out.read_bytes()
+    record["archive"].update(
+        file=out.name, bytes=len(data), sha256=__import__("hashlib").sha256(data).hexdigest()
+    )
+    handoff.record_path_for(out).write_text(json.dumps(record))
+    return out
+
+
+def _manifest(members) -> list[dict]:
+    return json.loads(next(d for m, d in members if m.name == "manifest.json"))
+
+
+def _with_manifest(members, manifest: list[dict], name: str = "manifest.json"):
+    info = tarfile.TarInfo(name)
+    info.mode = 0o644
+    kept = [(m, d) for m, d in members if m.name != name]
+    return kept + [(info, json.dumps(manifest).encode())]
+
+
+def _second_image_entry(members, victim):
+    """A second entry: another image (the config with one label changed) tagged as victim."""
+    manifest = _manifest(members)
+    config_name = manifest[0]["Config"]
+    config = json.loads(next(d for m, d in members if m.name == config_name))
+    config["config"]["Labels"]["org.opencontainers.image.title"] = "impostor"
+    raw = json.dumps(config).encode()
+    info = tarfile.TarInfo(__import__("hashlib").sha256(raw).hexdigest() + ".json")
+    info.mode = 0o644
+    entry = {"Config": info.name, "RepoTags": [victim], "Layers": manifest[0]["Layers"]}
+    return _with_manifest(members + [(info, raw)], manifest + [entry])
+
+
+def _alias_entry(members, victim):
+    """``./manifest.json`` after ``manifest.json``: docker extracts both to one file."""
+    manifest = _manifest(members)
+    tagged = [dict(manifest[0], RepoTags=[victim])]
+    return _with_manifest(members, manifest) + _with_manifest([], tagged, "./manifest.json")
+
+
+def _same_image_victim_entry(members, victim):
+    """A second entry naming the recorded image itself, tagged as the victim."""
+    manifest = _manifest(members)
+    return _with_manifest(members, manifest + [dict(manifest[0], RepoTags=[victim])])
+
+
+@pytest.mark.parametrize(
+    "craft, refusal",
+    [
+        (_second_image_entry, "lists 2 manifest entries"),
+        (_alias_entry, r"member named '\./manifest\.json'"),
+        (_same_image_victim_entry, "lists 2 manifest entries"),
+    ],
+    ids=["second-entry", "alias", "same-image-victim-tag"],
+)
+def test_crafted_archives_are_refused_and_move_no_tag(
+    client, exported, image, base_tag, tmp_path, craft, refusal
+):
+    image_id, tag, _ = image
+    _remove(client, image_id)
+    victim = f"{REPO}-victim:{uuid.uuid4().hex[:12]}"
+    base = client.images.get(base_tag)
+    base.tag(*victim.split(":"))
+    try:
+        crafted = _craft(exported, tmp_path, "crafted.tar", lambda m: craft(m, victim))
+        before = sorted((t, i.id) for i in client.images.list() for t in i.tags)
+        with pytest.raises(HandoffError, match=refusal):
+            handoff.import_image(
+                client, crafted, images_dir=tmp_path / "images", log=lambda _m: None
+            )
+        after = sorted((t, i.id) for i in client.images.list() for t in i.tags)
+        assert after == before and client.images.get(victim).id == base.id
+        assert not _exists(client, image_id) and not (tmp_path / "images").exists()
+    finally:
+        client.images.remove(victim, noprune=True)
+
+
+def test_docker_loads_the_clean_rebuilt_archive_not_the_received_file(client, exported, image):
+    """The rebuilt archive holds one untagged entry, the config and the layers only."""
+    with open(exported.archive, "rb") as f:
+        plan = handoff.inspect_archive(f)
+        rebuilt = b"".join(handoff.clean_archive(f, plan))
+    with tarfile.open(fileobj=io.BytesIO(rebuilt)) as tar:
+        names = tar.getnames()
+        manifest = json.loads(tar.extractfile("manifest.json").read())
+    assert names == ["manifest.json", plan.config_name, *plan.layer_names]
+    assert manifest == [{"Config": plan.config_name, "RepoTags": None, "Layers": plan.layer_names}]
+    assert plan.image_id == image[0]

@@ -22,6 +22,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from crafted_archives import sparse_tar
 
 from repro.installset import InstallSetError
 from repro.installset.build import pack_set
@@ -472,7 +473,8 @@ def test_install_then_import_from_a_fresh_interpreter(set_copy, tmp_path):
     # Installing the same set again is a no-op; a different folder content is refused.
     assert install(set_copy, target).already
     (target / "stray.txt").write_text("x")
-    (target / MARKER_NAME).unlink()
+    marker_of_another_set = {"format": "repro-install-set-marker", "manifest_sha256": "0" * 64}
+    (target / MARKER_NAME).write_text(json.dumps(marker_of_another_set))
     with pytest.raises(InstallSetError, match="not empty"):
         install(set_copy, target)
     assert install(set_copy, target, replace=True).files == manifest["archive"]["files"]
@@ -571,7 +573,13 @@ def _evil_set(tmp_path: Path, member: tarfile.TarInfo, data: bytes = b"") -> Pat
     doc = {
         "format": "repro-install-set",
         "format_version": 1,
-        "archive": {"name": archive.name, "bytes": size, "sha256": sha, "files": 2},
+        "archive": {
+            "name": archive.name,
+            "bytes": size,
+            "sha256": sha,
+            "files": 2,
+            "unpacked_bytes": 2 + (len(data) if member.isreg() else 0),
+        },
         "parts": [p.as_dict() for p in parts],
     }
     (out / MANIFEST_NAME).write_text(json.dumps(doc))
@@ -716,3 +724,144 @@ def test_the_same_wheels_give_the_same_archive_from_another_folder(tiny_set, tmp
     assert not list(staged.glob("*.dist-info/direct_url.json"))
     assert not any("direct_url" in r.read_text() for r in staged.glob("*.dist-info/RECORD"))
     assert again["archive"]["sha256"] == manifest["archive"]["sha256"]
+
+
+# --- extraction resolved against what is on disk, bounded, and never without the filter ----
+
+
+def _set_of(tmp_path: Path, members, *, files: int, unpacked: int) -> Path:
+    """A set whose hashes are all right, holding ``members`` (TarInfo, data) in order."""
+    out = tmp_path / "crafted"
+    out.mkdir()
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for info, data in members:
+            tar.addfile(info, io.BytesIO(data) if info.isreg() else None)
+    archive = out / "crafted-1.0-cp312.tar.xz"
+    archive.write_bytes(lzma.compress(raw.getvalue()))
+    parts, sha, size = split_file(archive, out, 256)
+    archive.unlink()
+    doc = {
+        "format": "repro-install-set",
+        "format_version": 1,
+        "archive": {
+            "name": archive.name,
+            "bytes": size,
+            "sha256": sha,
+            "files": files,
+            "unpacked_bytes": unpacked,
+        },
+        "parts": [p.as_dict() for p in parts],
+    }
+    (out / MANIFEST_NAME).write_text(json.dumps(doc))
+    return out
+
+
+def _link_chain():
+    """``l1 -> .``, ``l1/l2 -> ..``, ``l2/ESCAPED``: each lexically inside, together outside."""
+    escaped = _member("l2/ESCAPED")
+    return [
+        (_member("l1", tarfile.SYMTYPE, "."), b""),
+        (_member("l1/l2", tarfile.SYMTYPE, ".."), b""),
+        (escaped, b"evil"),
+    ]
+
+
+def test_a_link_chain_passes_the_lexical_check_but_not_the_installer(tmp_path, monkeypatch):
+    """A data filter that lets the chain through (as on Pythons before the 2025 tarfile
+    fixes) is stood in by tarfile's fully trusting filter: the kit's own resolution refuses."""
+    chain = _link_chain()
+    assert all(unsafe_reason(m) is None for m, _ in chain), "lexically, every member is inside"
+    parts = _set_of(tmp_path, chain, files=1, unpacked=4)
+    monkeypatch.setattr(tarfile, "data_filter", tarfile.fully_trusted_filter)
+    target = tmp_path / "inside" / "target"
+    with pytest.raises(UnsafeArchive, match=r"'l1/l2' is a symbolic link resolving outside"):
+        install(parts, target)
+    assert not (tmp_path / "inside" / "ESCAPED").exists() and not target.exists()
+    assert not list((tmp_path / "inside").iterdir()), "the partial extraction is removed"
+
+
+def test_the_installer_refuses_to_extract_without_tarfiles_data_filter(tmp_path, monkeypatch):
+    parts = _set_of(tmp_path, _link_chain(), files=1, unpacked=4)
+    monkeypatch.delattr(tarfile, "data_filter")  # Python 3.10.0-3.10.11, 3.11.0-3.11.3
+    target = tmp_path / "inside" / "target"
+    with pytest.raises(InstallSetError, match="has no tarfile data filter"):
+        install(parts, target)
+    assert not (tmp_path / "inside" / "ESCAPED").exists() and not target.exists()
+
+
+def test_extraction_stops_past_the_manifests_unpacked_size(tmp_path):
+    big = _member("pkg/big.bin")
+    big.size = 1 << 20
+    parts = _set_of(tmp_path, [(big, bytes(1 << 20))], files=1, unpacked=4)
+    with pytest.raises(UnsafeArchive, match=r"more than the manifest's 1 files / 4 unpacked"):
+        install(parts, tmp_path / "target")
+    assert not (tmp_path / "target").exists()
+
+
+def test_a_sparse_member_is_refused(tmp_path):
+    with tarfile.open(fileobj=io.BytesIO(sparse_tar("pkg/sparse.bin", 1 << 30))) as tar:
+        sparse = tar.next()
+    assert sparse.isreg() and sparse.size == 1 << 30, "tarfile counts it a regular file"
+    assert "sparse" in unsafe_reason(sparse)
+
+
+def test_replace_never_deletes_a_folder_the_installer_did_not_write(set_copy, tmp_path):
+    target = tmp_path / "home"
+    target.mkdir()
+    (target / "thesis.tex").write_text("years of work\n")
+    with pytest.raises(InstallSetError, match=r"has no \.repro-installset\.json.*will not delete"):
+        install(set_copy, target, replace=True)
+    assert (target / "thesis.tex").read_text() == "years of work\n"
+    install(set_copy, tmp_path / "site")  # an install the kit made is replaced as before
+    (tmp_path / "site" / "stale.py").write_text("")
+    install(set_copy, tmp_path / "site", replace=True)
+    assert not (tmp_path / "site" / "stale.py").exists()
+
+
+@pytest.mark.parametrize(
+    "members, refusal",
+    [
+        ([(_member("."), b"evil")], "is not a plain relative path"),
+        ([(_member("pkg/./mod.py"), b"evil")], "is not a plain relative path"),
+        ([(_member("pkg/hard", tarfile.LNKTYPE, "pkg/absent.py"), b"")], "does not hold before"),
+    ],
+    ids=["dot-as-file", "dot-component", "hard-link-to-nothing"],
+)
+def test_members_the_fuzzer_found_are_named_refusals(tmp_path, members, refusal):
+    """Each crashed the installer with a raw tarfile or OS error (found by
+    tests/test_fuzz_archives.py); each is a named refusal now."""
+    parts = _set_of(tmp_path, members, files=1, unpacked=4)
+    with pytest.raises(UnsafeArchive, match=refusal):
+        install(parts, tmp_path / "target")
+    assert not (tmp_path / "target").exists()
+
+
+def test_a_damaged_tar_with_matching_hashes_is_a_named_refusal(tmp_path):
+    good = io.BytesIO()
+    with tarfile.open(fileobj=good, mode="w") as tar:
+        info = _member("pkg/mod.py")
+        tar.addfile(info, io.BytesIO(b"evil"))
+    damaged = bytearray(good.getvalue())
+    damaged[0] ^= 0xFF  # the first header's checksum no longer holds
+    out = tmp_path / "crafted"
+    out.mkdir()
+    archive = out / "crafted-1.0-cp312.tar.xz"
+    archive.write_bytes(lzma.compress(bytes(damaged)))
+    parts, sha, size = split_file(archive, out, 256)
+    archive.unlink()
+    doc = {
+        "format": "repro-install-set",
+        "format_version": 1,
+        "archive": {
+            "name": archive.name,
+            "bytes": size,
+            "sha256": sha,
+            "files": 1,
+            "unpacked_bytes": 4,
+        },
+        "parts": [p.as_dict() for p in parts],
+    }
+    (out / MANIFEST_NAME).write_text(json.dumps(doc))
+    with pytest.raises(UnsafeArchive, match="not a readable tar.xz"):
+        install(out, tmp_path / "target")

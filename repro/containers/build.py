@@ -23,9 +23,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import urlparse, urlsplit, urlunsplit
 
-from repro import __version__
+from repro import __version__, redaction
 from repro.atomicio import sha256_file, write_json_atomic
 from repro.containers import pins as pins_mod
 from repro.containers.refs import VllmRef, parse_vllm_ref
@@ -103,6 +103,48 @@ def _local_path(location: str) -> Path | None:
     return None
 
 
+def _strip_userinfo(url: str) -> tuple[str, bool]:
+    """``url`` without ``user:password@`` (or a bare token as user), and whether it had one."""
+    parts = urlsplit(url)
+    if not parts.scheme or "@" not in parts.netloc:
+        return url, False
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=host)), True
+
+
+def _without_credentials(settings: PipSettings) -> tuple[PipSettings, list[dict[str, str]]]:
+    """The settings with credentials taken out of every URL, and a note for each one.
+
+    pip.conf is copied into an image layer and its settings into the image record, which
+    travels in bundles: a password there would be handed to everyone who gets either. A build
+    whose index needs credentials gets them some other way (a wheelhouse, `--wheelhouse`)."""
+    dropped: list[dict[str, str]] = []
+
+    def clean(setting: str, url: str) -> str:
+        stripped, had = _strip_userinfo(url)
+        if had:
+            dropped.append(
+                {
+                    "setting": setting,
+                    "value": stripped,
+                    "reason": "credentials in the URL are never written into an image or a "
+                    "record; the build uses the URL without them",
+                }
+            )
+        return stripped
+
+    return (
+        PipSettings(
+            index_url=clean("index-url", settings.index_url) if settings.index_url else None,
+            extra_index_urls=[clean("extra-index-url", u) for u in settings.extra_index_urls],
+            find_links=[clean("find-links", u) for u in settings.find_links],
+            constraints=list(settings.constraints),
+            cert=settings.cert,
+        ),
+        dropped,
+    )
+
+
 def render_pip_context(
     settings: PipSettings,
     dest: Path,
@@ -113,15 +155,16 @@ def render_pip_context(
 ) -> dict[str, Any]:
     """Write dest/pip.conf, dest/constraints.txt and dest/wheels/; return what was done.
 
-    Remote indexes and find-links pass through; local find-links folders contribute only the
+    Remote indexes and find-links pass through, less any credentials in their URLs (recorded
+    as dropped, the URL without them); local find-links folders contribute only the
     wheels of ``projects`` that fit ``python_tag`` on linux x86_64 (and the pinned version, when
     ``versions`` names one); local index folders cannot be reached from the build and are left
     out (recorded as dropped, with the reason).
     """
     versions = versions or {}
+    settings, dropped = _without_credentials(settings)
     wheels_dir = dest / "wheels"
     wheels_dir.mkdir(parents=True, exist_ok=True)
-    dropped: list[dict[str, str]] = []
     remote_find_links: list[str] = []
     wheels: list[dict[str, str]] = []
     for location in settings.find_links:
@@ -248,7 +291,7 @@ def make_cpu_wheelhouse(
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:
-        tail = "\n".join((result.stdout + result.stderr).splitlines()[-20:])
+        tail = redaction.redact("\n".join((result.stdout + result.stderr).splitlines()[-20:]))
         raise BuildError(
             f"pip download for the wheelhouse failed (exit {result.returncode}); check the "
             f"host's pip settings (`pip config list`) and network:\n{tail}"

@@ -12,25 +12,33 @@ Export (`python -m repro export-image IMAGE --out FILE.tar`) writes three files 
 Import (`python -m repro import-image FILE.tar`), refusing at the first mismatch and naming it:
 
 1. the record validates; the archive's size and sha256 match it (and ``FILE.tar.sha256``);
-2. before loading, the image config inside the archive hashes to the recorded image id and
-   carries the recorded labels (read from the tar's own manifest; nothing is extracted);
-3. ``docker load`` (the archive has no tags, so nothing is tagged by the load itself);
+2. before loading, the whole archive is inspected (`inspect_archive`; nothing is extracted):
+   every member header, names only in `docker save`'s spelling (``./manifest.json`` is
+   refused: `docker load` would read it as ``manifest.json``), no name twice, no sparse
+   member, no hard link or link to anything but an earlier file; exactly one manifest entry,
+   carrying no tags; no ``repositories`` file or ``index.json`` annotation naming a tag; the
+   image config hashes to the recorded image id and carries the recorded labels;
+3. ``docker load`` of a clean archive the kit rebuilds from the inspected blobs
+   (`clean_archive`): one untagged manifest entry, the config and the layers, so nothing
+   else in the received file, however another tar reader reads it, reaches the daemon;
 4. after loading, the loaded image's id and labels are compared with the record again;
 5. only then are the recorded tags applied, and never over a tag that names another image;
 6. an import record (schemas/image-import.v1.schema.json) is written into the images folder:
    it ties the image id to the archive's sha256, which a run in that image records as
    ``run.location.image.archive_sha256`` (see `location_image`).
 
-The archive is hashed and loaded through one open file descriptor, so a file swapped in by
-name between the check and the load is not what gets loaded.
+The archive is hashed, inspected and loaded through one open file descriptor, so a file
+swapped in by name between the check and the load is not what gets loaded.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import posixpath
 import tarfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -91,6 +99,8 @@ def _find_build_record(images_dir: Path | None, image_id: str) -> dict[str, Any]
     if images_dir is None or not images_dir.is_dir():
         return None
     for file in sorted(images_dir.glob("*.json")):
+        if file.is_symlink():
+            continue  # a record is a file the kit wrote here, never a link to one elsewhere
         try:
             doc = json.loads(file.read_bytes())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError):
@@ -177,37 +187,232 @@ def _hash_handle(handle: BinaryIO) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
-def archive_config(handle: BinaryIO) -> tuple[str, dict[str, str], list[str]]:
-    """(image id, labels, repo tags) from the archive's own manifest, nothing extracted.
+# Annotations by which `docker load` (containerd image store) names what it loads.
+_TAGGING_ANNOTATIONS = ("io.containerd.image.name", "org.opencontainers.image.ref.name")
 
-    `docker save` writes ``manifest.json`` naming the image config file; the image id is the
-    sha256 of that file's bytes (legacy and OCI layouts alike).
-    """
+
+@dataclass
+class ArchivePlan:
+    """What the pre-load inspection found: the one image, and where its blobs lie."""
+
+    image_id: str
+    labels: dict[str, str]
+    config_name: str
+    config: bytes
+    layer_names: list[str]  # the manifest's Layers, links resolved to the file they name
+    blobs: dict[str, tuple[int, int]]  # name -> (offset of its data, size) in the archive
+    members: int
+
+
+def _refuse(text: str) -> HandoffError:
+    return HandoffError(f"the image archive {text}. Nothing was loaded or tagged")
+
+
+def _member_name(member: tarfile.TarInfo) -> str:
+    """The member's name exactly as `docker save` writes names, or a refusal.
+
+    `docker load` extracts the archive before reading it, so ``./manifest.json`` and
+    ``manifest.json`` are one file there; a name in any other spelling is refused here."""
+    name = member.name
+    parts = name.split("/")
+    if (
+        not name
+        or name.startswith("/")
+        or "\\" in name
+        or not name.isprintable()
+        or any(part in ("", ".", "..") for part in parts)
+    ):
+        raise _refuse(f"has a member named {name!r}: not a plain relative path")
+    return name
+
+
+def inspect_archive(handle: BinaryIO) -> ArchivePlan:
+    """Read every member header and the small JSON files; refuse anything `docker save`
+    would not write or that could tag on load. Layers are located, not read."""
     handle.seek(0)
-    members: dict[str, bytes] = {}
+    regular: dict[str, tuple[int, int]] = {}
+    links: dict[str, str] = {}
+    seen: set[str] = set()
+    count = 0
     try:
-        with tarfile.open(fileobj=handle, mode="r|") as tar:  # one streaming pass
+        with tarfile.open(fileobj=handle, mode="r:") as tar:
             for member in tar:
-                # manifest.json and the config are small; layers are skipped unread. (The
-                # config is `<hex>.json` in the legacy layout, `blobs/sha256/<hex>` in OCI.)
-                if member.isreg() and member.size <= _SMALL_MEMBER:
-                    members[member.name] = tar.extractfile(member).read()
-    except (tarfile.TarError, EOFError) as exc:
+                count += 1
+                name = _member_name(member)
+                if name in seen:
+                    raise _refuse(f"holds {name!r} twice (`docker load` keeps the last one)")
+                seen.add(name)
+                parents = ["/".join(name.split("/")[:i]) for i in range(1, name.count("/") + 1)]
+                through = [p for p in parents if p in links or p in regular]
+                if through:
+                    raise _refuse(f"has {name!r} below {through[0]!r}, which is not a folder")
+                if member.isdir():
+                    continue
+                if member.issparse():
+                    raise _refuse(f"has a sparse member {name!r}; `docker save` writes none")
+                if member.isreg():
+                    regular[name] = (member.offset_data, member.size)
+                elif member.issym():
+                    # `docker save` links a layer saved twice to its first copy.
+                    target = posixpath.normpath(
+                        posixpath.join(posixpath.dirname(name), member.linkname)
+                    )
+                    if member.linkname.startswith("/") or target not in regular:
+                        raise _refuse(
+                            f"has a link {name!r} to {member.linkname!r}, which is not a file "
+                            "earlier in the archive"
+                        )
+                    links[name] = target
+                else:
+                    raise _refuse(f"has {name!r}, a hard link or special file")
+    except (tarfile.TarError, EOFError, OSError) as exc:
         raise HandoffError(f"the image archive is not a readable tar ({exc})") from exc
     finally:
         handle.seek(0)
+    size = _end_of(handle)
+    for name, (offset, length) in regular.items():
+        if offset + length > size:
+            raise _refuse(f"ends inside {name!r} (truncated)")
+
+    def small_json(name: str) -> Any:
+        offset, length = regular[name]
+        if length > _SMALL_MEMBER:
+            raise _refuse(f"has a {length}-byte {name}; docker writes a few KiB")
+        try:
+            return json.loads(_read_at(handle, offset, length))
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+            raise _refuse(f"has a {name} that is not JSON ({exc})") from exc
+
+    if "manifest.json" in links or "manifest.json" not in regular:
+        raise _refuse("has no manifest.json file; it was not written by `docker save`")
+    manifest = small_json("manifest.json")
+    if not isinstance(manifest, list) or len(manifest) != 1 or not isinstance(manifest[0], dict):
+        entries = len(manifest) if isinstance(manifest, list) else "no list of"
+        raise _refuse(
+            f"lists {entries} manifest entries; an export holds exactly one image and "
+            "`docker load` would load (and tag) every entry"
+        )
+    entry = manifest[0]
+    if entry.get("RepoTags"):
+        raise _refuse(
+            f"carries repository tags {entry['RepoTags']!r}; loading it would tag before any "
+            "check. Export it again with `python -m repro export-image`"
+        )
+    if "repositories" in links or (
+        "repositories" in regular and small_json("repositories") not in ({}, None)
+    ):
+        raise _refuse("has a `repositories` file naming tags (the legacy format tags on load)")
+    if "index.json" in links:
+        raise _refuse("has index.json as a link")
+    if "index.json" in regular:
+        index = small_json("index.json")
+        descriptors = index.get("manifests") if isinstance(index, dict) else None
+        if not isinstance(descriptors, list) or len(descriptors) > 1:
+            raise _refuse("has an index.json that does not list at most one image")
+        for descriptor in descriptors:
+            annotations = descriptor.get("annotations") if isinstance(descriptor, dict) else {}
+            named = sorted(set(annotations or {}) & set(_TAGGING_ANNOTATIONS))
+            if named:
+                raise _refuse(f"has an index.json naming the image ({', '.join(named)})")
+    config_name, layers = entry.get("Config"), entry.get("Layers")
+    if not isinstance(config_name, str) or config_name not in regular:
+        raise _refuse(f"has a manifest whose Config {config_name!r} is not a file in it")
+    if not isinstance(layers, list) or not all(isinstance(x, str) for x in layers):
+        raise _refuse("has a manifest without a list of Layers")
+    resolved = []
+    for layer in layers:
+        target = links.get(layer, layer)
+        if target not in regular:
+            raise _refuse(f"has a manifest naming layer {layer!r}, which is not a file in it")
+        resolved.append(target)
+    offset, length = regular[config_name]
+    if length > _SMALL_MEMBER:
+        raise _refuse(f"has a {length}-byte image config; docker writes a few KiB")
+    config = _read_at(handle, offset, length)
     try:
-        manifest = json.loads(members["manifest.json"])
-        entry = manifest[0]
-        config = members[entry["Config"]]
-    except (KeyError, IndexError, TypeError, json.JSONDecodeError) as exc:
-        raise HandoffError(
-            f"the image archive has no usable manifest.json/config ({type(exc).__name__}: "
-            f"{exc}); it was not written by `docker save`"
-        ) from exc
-    image_id = "sha256:" + hashlib.sha256(config).hexdigest()
-    labels = (json.loads(config).get("config") or {}).get("Labels") or {}
-    return image_id, dict(labels), list(entry.get("RepoTags") or [])
+        parsed = json.loads(config)
+        labels = (parsed.get("config") or {}).get("Labels") or {}
+        diff_ids = (parsed.get("rootfs") or {}).get("diff_ids") or []
+        if not isinstance(labels, dict) or not isinstance(diff_ids, list):
+            raise TypeError("Labels or rootfs.diff_ids of the wrong type")
+    except (
+        UnicodeDecodeError,
+        json.JSONDecodeError,
+        RecursionError,
+        AttributeError,
+        TypeError,
+    ) as exc:
+        raise _refuse(f"has an image config that is not an image config ({exc})") from exc
+    if len(diff_ids) != len(resolved):
+        raise _refuse(f"has {len(resolved)} layers for an image config of {len(diff_ids)} layers")
+    blobs = {name: regular[name] for name in dict.fromkeys([config_name, *resolved])}
+    return ArchivePlan(
+        image_id="sha256:" + hashlib.sha256(config).hexdigest(),
+        labels=dict(labels),
+        config_name=config_name,
+        config=config,
+        layer_names=resolved,
+        blobs=blobs,
+        members=count,
+    )
+
+
+def archive_config(handle: BinaryIO) -> tuple[str, dict[str, str], list[str]]:
+    """(image id, labels, repo tags) of the one image the archive holds (see inspect_archive);
+    the tags are always empty: an archive that carries any is refused."""
+    plan = inspect_archive(handle)
+    return plan.image_id, plan.labels, []
+
+
+def _end_of(handle: BinaryIO) -> int:
+    here = handle.tell()
+    end = handle.seek(0, 2)
+    handle.seek(here)
+    return end
+
+
+def _read_at(handle: BinaryIO, offset: int, length: int) -> bytes:
+    handle.seek(offset)
+    data = handle.read(length)
+    if len(data) != length:
+        raise _refuse(f"ends {length - len(data)} bytes early")
+    return data
+
+
+def clean_archive(handle: BinaryIO, plan: ArchivePlan) -> Iterator[bytes]:
+    """A `docker save` archive of exactly the inspected image, rebuilt from its blobs.
+
+    This, not the received file, is what `docker load` reads: one manifest entry without
+    tags, the verified config and the manifest's layers, nothing else. Whatever the received
+    tar held besides (and however another tar reader would read it) cannot reach the daemon;
+    docker itself checks each layer against the config's diff_ids."""
+    manifest = json.dumps(
+        [{"Config": plan.config_name, "RepoTags": None, "Layers": plan.layer_names}]
+    ).encode()
+    yield from _tar_member("manifest.json", len(manifest), iter([manifest]))
+    for name, (offset, length) in plan.blobs.items():
+        yield from _tar_member(name, length, _chunks_at(handle, offset, length))
+    yield b"\0" * (2 * tarfile.BLOCKSIZE)
+
+
+def _tar_member(name: str, size: int, chunks: Iterator[bytes]) -> Iterator[bytes]:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = size, 0o644, 0
+    yield info.tobuf(tarfile.PAX_FORMAT, "utf-8", "strict")
+    yield from chunks
+    if size % tarfile.BLOCKSIZE:
+        yield b"\0" * (tarfile.BLOCKSIZE - size % tarfile.BLOCKSIZE)
+
+
+def _chunks_at(handle: BinaryIO, offset: int, length: int) -> Iterator[bytes]:
+    left = length
+    while left:
+        handle.seek(offset + length - left)
+        chunk = handle.read(min(_CHUNK, left))
+        if not chunk:
+            raise HandoffError("the image archive changed while loading; nothing was tagged")
+        left -= len(chunk)
+        yield chunk
 
 
 def _label_diff(expected: dict[str, str], found: dict[str, str]) -> list[str]:
@@ -254,7 +459,8 @@ def import_image(
                 )
         checks.append(f"archive sha256 {sha256} ({size} bytes) matches the record")
 
-        config_id, config_labels, repo_tags = archive_config(handle)
+        plan = inspect_archive(handle)
+        config_id, config_labels = plan.image_id, plan.labels
         if config_id != expected_id:
             raise HandoffError(
                 f"{archive}: the image inside is {config_id}, the record says {expected_id}. "
@@ -266,17 +472,15 @@ def import_image(
                 f"{archive}: the image's labels differ from the record: {'; '.join(diff)}. "
                 "Nothing was loaded or tagged"
             )
-        if repo_tags:
-            raise HandoffError(
-                f"{archive}: carries repository tags {repo_tags}; loading it would tag before "
-                "any check. Export it again with `python -m repro export-image`"
-            )
-        checks.append(f"before loading: image config is {config_id} with the recorded labels")
+        checks.append(
+            f"before loading: {plan.members} members, one untagged image, config {config_id} "
+            "with the recorded labels"
+        )
 
         existed = _exists(client, expected_id)
         log(f"[repro] loading {archive.name} ({size} bytes)")
         try:
-            loaded = client.images.load(handle)
+            loaded = client.images.load(clean_archive(handle, plan))
         except docker.errors.DockerException as exc:
             raise HandoffError(f"docker load of {archive} failed: {exc}") from exc
     ids = [image.id for image in loaded]
@@ -371,6 +575,8 @@ def location_image(image_id: str, labels: dict[str, str], images_dir: Path = DEF
     image: dict[str, Any] = {"id": image_id, "labels": dict(labels)}
     if images_dir.is_dir():
         for file in sorted(images_dir.glob("imported-*.json")):
+            if file.is_symlink():
+                continue
             try:
                 doc = json.loads(file.read_bytes())
             except (OSError, UnicodeDecodeError, json.JSONDecodeError):
@@ -385,8 +591,11 @@ __all__ = [
     "Exported",
     "HandoffError",
     "Imported",
+    "ArchivePlan",
     "archive_config",
+    "clean_archive",
     "export_image",
     "import_image",
+    "inspect_archive",
     "location_image",
 ]

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import sys
 import threading
@@ -27,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from repro import runner
+from repro import redaction, runner
 from repro.containers.images import ImageFacts
 from repro.errors import ReproError
 from repro.profiles import Profile
@@ -45,7 +44,6 @@ SHM_SIZE = {"cpu": "2g", "cuda": "16g"}
 # Seconds a container gets beyond its arms' own timeouts (image start, engine imports, records).
 STARTUP_GRACE_S = 300
 CONTAINER_LOG = "logs/container.log"
-_TOKEN_PATTERN = re.compile(r"hf_[A-Za-z0-9]{20,}")
 
 
 class ContainerRunError(ReproError):
@@ -217,7 +215,7 @@ class ContainerRun:
 
 
 def _emit(line: str, sink: TextIO, echo: TextIO | None) -> None:
-    line = _TOKEN_PATTERN.sub("hf_***", line)
+    line = redaction.redact(line)
     sink.write(line)
     sink.flush()
     if echo is not None:

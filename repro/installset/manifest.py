@@ -79,6 +79,9 @@ def check_structure(doc: Any) -> None:
     _check_file(archive, "$.archive")
     if _need(archive, "files", int, "$.archive") < 0:
         raise ManifestInvalid("manifest: $.archive.files is negative")
+    # The installer stops extracting past this: a small archive cannot fill the disk.
+    if _need(archive, "unpacked_bytes", int, "$.archive") < 0:
+        raise ManifestInvalid("manifest: $.archive.unpacked_bytes is negative")
     parts = _need(doc, "parts", list, "$")
     if not parts:
         raise ManifestInvalid("manifest: $.parts is empty")

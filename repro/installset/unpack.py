@@ -8,9 +8,11 @@ that do the same). Keep it that way.
 the manifest, and names each bad or missing part with what was expected and what was found.
 ``install`` verifies, then streams the joined parts through xz and tar into a temporary
 folder beside the target (members with absolute paths, ``..``, links that leave the folder,
-devices and FIFOs are refused), checks the file count and the archive's sha256 once more,
-writes a marker recording the manifest's sha256, and only then renames the folder into
-place: a target either holds a whole install or does not exist.
+resolved against what is already extracted, sparse files, devices and FIFOs are refused; the
+manifest's file count and unpacked size bound it; tarfile's data filter is required),
+checks the file count and the archive's sha256 once more, writes a marker recording the
+manifest's sha256, and only then renames the folder into place: a target either holds a
+whole install or does not exist.
 """
 
 from __future__ import annotations
@@ -39,6 +41,12 @@ from repro.installset.progress import Steps, human_bytes
 __all__ = ["MARKER_NAME", "PartsInvalid", "UnsafeArchive", "install", "unsafe_reason", "verify"]
 
 MARKER_NAME = ".repro-installset.json"
+try:
+    from lzma import LZMAError
+
+    _LZMA_ERRORS: tuple[type[Exception], ...] = (LZMAError,)
+except ImportError:  # a Python built without liblzma decodes with the xz program
+    _LZMA_ERRORS = ()
 _CHUNK = 1 << 20
 
 
@@ -232,6 +240,10 @@ def unsafe_reason(member: tarfile.TarInfo) -> str | None:
     parts = name.replace("\\", "/").split("/")
     if ".." in parts:
         return "contains '..'"
+    if any(part in ("", ".") for part in parts):
+        return "is not a plain relative path (a '.' or empty component)"
+    if member.issparse():
+        return "is a sparse file (it would expand past its stored size)"
     if member.isreg() or member.isdir():
         return None
     if member.issym():
@@ -250,18 +262,70 @@ def unsafe_reason(member: tarfile.TarInfo) -> str | None:
     return "is a device, FIFO or other special file"
 
 
-def _members(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
+def _members(
+    tar: tarfile.TarFile, staging: Path, archive: dict[str, Any]
+) -> Iterator[tarfile.TarInfo]:
+    """The archive's members, each checked before it is written.
+
+    Besides `unsafe_reason` (the member alone), each member is resolved against what is
+    already extracted: a link chain (``l1 -> .``, ``l1/l2 -> ..``, ``l2/FILE``) passes every
+    lexical check and still leaves the folder. The manifest's file count and unpacked size
+    bound the extraction while it runs, not only afterwards."""
+    root = os.path.realpath(staging)
+    files = size = 0
+    limit_files, limit_bytes = archive["files"], archive["unpacked_bytes"]
     for member in tar:
-        reason = unsafe_reason(member)
+        reason = unsafe_reason(member) or _resolves_outside(member, root)
         if reason:
             raise UnsafeArchive(
                 f"archive member {member.name!r} {reason}: refusing to install (the kit's "
                 "builds never write such members; this archive was not made by it)"
             )
+        if member.isreg():
+            files += 1
+            size += member.size
+            if files > limit_files or size > limit_bytes:
+                raise UnsafeArchive(
+                    f"the archive holds more than the manifest's {limit_files} files / "
+                    f"{limit_bytes} unpacked bytes (at member {member.name!r}: {files} files, "
+                    f"{size} bytes); refusing to install"
+                )
         member.mode &= 0o777  # no setuid/setgid/sticky
         member.uid = member.gid = 0
         member.uname = member.gname = ""
         yield member
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root + os.sep)
+
+
+def _resolves_outside(member: tarfile.TarInfo, root: str) -> str | None:
+    """Why ``member`` would land outside ``root`` given what is on disk there now, or None."""
+    dest = os.path.join(root, member.name)
+    if not _inside(os.path.realpath(os.path.dirname(dest)), root):
+        return "lies below a link that leaves the target"
+    if os.path.islink(dest) and not member.issym():
+        return "would be written through a link extracted before it"
+    if member.issym():
+        target = os.path.realpath(os.path.join(os.path.dirname(dest), member.linkname))
+        if not _inside(target, root):
+            return f"is a symbolic link resolving outside the target ({member.linkname!r})"
+    if member.islnk() and not _inside(os.path.realpath(os.path.join(root, member.linkname)), root):
+        return f"is a hard link resolving outside the target ({member.linkname!r})"
+    return None
+
+
+def _data_filter() -> Callable[..., Any]:
+    """tarfile's data filter, or a refusal: without it `extract` trusts every member."""
+    found = getattr(tarfile, "data_filter", None)
+    if found is None:
+        raise InstallSetError(
+            f"this Python ({sys.version.split()[0]}) has no tarfile data filter (added in "
+            "3.10.12, 3.11.4 and 3.12); the installer will not extract without it. Run it "
+            "with a newer Python 3 (any python3 will do: it needs only the standard library)"
+        )
+    return found
 
 
 # --- install --------------------------------------------------------------------------------
@@ -303,6 +367,13 @@ def install(
                 f"target {target} is not empty and holds no install of this set: give an "
                 "empty or new folder, or --replace to swap it for this set"
             )
+        if any(target.iterdir()) and _marker_sha(marker) is None:
+            # --replace deletes the old folder: only ever one this installer wrote.
+            raise InstallSetError(
+                f"target {target} is not empty and has no {MARKER_NAME}: it is not an install "
+                "set this kit installed, so --replace will not delete it. Give an empty or new "
+                "folder (or remove that one yourself if it is yours to remove)"
+            )
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = target.parent / f".{target.name}.installing-{os.getpid()}"
     if staging.exists():
@@ -335,22 +406,38 @@ def install(
 
 def _extract(checked: Verified, staging: Path, steps: Steps) -> int:
     archive = checked.manifest["archive"]
+    data_filter = _data_filter()
     raw = _JoinedParts(checked.parts)
     files = 0
-    filter_kw: dict[str, Any] = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
     with steps.step(f"extract {archive['name']} ({archive['files']} files)"):
         decoded = _decompress(raw)
         try:
             with tarfile.open(fileobj=decoded.stream, mode="r|") as tar:
-                for member in _members(tar):
+                for member in _members(tar, staging, archive):
                     try:
-                        tar.extract(member, staging, **filter_kw)
-                    except getattr(tarfile, "FilterError", ()) as exc:
+                        tar.extract(member, staging, filter=data_filter)
+                    except tarfile.FilterError as exc:
                         raise UnsafeArchive(
                             f"archive member {member.name!r} refused by tarfile's data filter "
                             f"({exc}); refusing to install"
                         ) from exc
+                    except KeyError as exc:  # tarfile: a hard link to no earlier member
+                        raise UnsafeArchive(
+                            f"archive member {member.name!r} links to {member.linkname!r}, "
+                            "which the archive does not hold before it; refusing to install"
+                        ) from exc
+                    except OSError as exc:  # e.g. a file where the archive made a folder
+                        raise InstallSetError(
+                            f"could not write archive member {member.name!r} ({exc}); "
+                            "nothing was installed"
+                        ) from exc
                     files += member.isreg()
+        except (tarfile.TarError, EOFError, *_LZMA_ERRORS) as exc:
+            # The manifest travels with the parts: matching hashes do not make a tar whole.
+            raise UnsafeArchive(
+                f"the archive is not a readable tar.xz ({type(exc).__name__}: {exc}); "
+                "refusing to install (the kit's builds write whole archives)"
+            ) from exc
         finally:
             decoded.finish()
         raw.drain()  # xz's index and padding: the hash covers every byte
