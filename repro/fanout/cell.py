@@ -200,6 +200,23 @@ def write_cell_errors(
     return docs
 
 
+def weights_path(profile, *, in_image: bool) -> str:
+    """A GPU profile's pinned snapshot: in the kit's image where the Slurm executor mounts it
+    (repro.plan's weights mount), or in this host's weights cache."""
+    from repro import envinfo, plan
+
+    doc = plan.build_plan(profile, hardware=envinfo.collect_hardware())
+    if in_image:
+        return doc["container"]["model_path"]
+    snapshot = doc["weights"]["snapshot"] if doc.get("weights") else None
+    if not snapshot:
+        raise ReproError(
+            f"the weights of {profile.model} are not pinned yet; fetch them first "
+            f"(python -m repro fetch-weights --profile {profile.name})"
+        )
+    return snapshot
+
+
 def _model_path(profile) -> str:
     if profile.tiny_model is None:
         return f"(the snapshot of {profile.model})"
@@ -211,9 +228,14 @@ def _model_path(profile) -> str:
 # --- running ---------------------------------------------------------------------------------
 
 
-def run_args(condition: Condition, cell_dir: Path, arm_timeout_s: float | None) -> list[str]:
+def run_args(
+    condition: Condition, cell_dir: Path, arm_timeout_s: float | None, *, in_image: bool = False
+) -> list[str]:
     """`python -m repro run …` arguments for the condition's arms into ``cell_dir``."""
     args = ["run", "--profile", condition.profile, "--out", str(cell_dir.resolve())]
+    profile = get_profile(condition.profile)
+    if profile.tiny_model is None:
+        args += ["--model-path", weights_path(profile, in_image=in_image)]
     args += ["--arms", *condition.arms]
     if condition.inject_fault:
         args.append("--inject-fault")
@@ -256,9 +278,11 @@ def run_cell(
             error_type=type(exc).__name__,
             phase="engine-env",
         )
-    command, env = engine_env.engine_command(
-        python, kit_source, run_args(condition, cell_dir, arm_timeout_s)
-    )
+    try:
+        args = run_args(condition, cell_dir, arm_timeout_s, in_image=engine_python is not None)
+    except ReproError as exc:
+        return write_cell_errors(condition, cell_dir, str(exc), phase="weights")
+    command, env = engine_env.engine_command(python, kit_source, args)
     (cell_dir / "logs").mkdir(parents=True, exist_ok=True)
     with open(cell_dir / CELL_LOG, "a", encoding="utf-8") as out:
         out.write(f"[matrix] {condition.name}: {' '.join(command)}\n")
@@ -291,10 +315,13 @@ def cmd_matrix_cell(args) -> int:
 
     spec = json.loads(Path(args.cell).read_text())
     condition = matrix.condition_from_spec(spec["condition"])
+    from repro.cli import KIT_SOURCE
+
     docs = run_cell(
         condition,
         Path(spec["cell_dir"]),
-        kit_source=Path(spec["kit_source"]),
+        # In the kit's image, the image's kit (the host's checkout is not mounted there).
+        kit_source=KIT_SOURCE if spec.get("in_image") else Path(spec["kit_source"]),
         arm_timeout_s=spec.get("arm_timeout_s"),
         engine_python=Path(sys.executable) if spec.get("in_image") else None,
     )

@@ -227,12 +227,12 @@ def from_flags(
 
 def _table_spans(text: str) -> list[tuple[int, int]]:
     """Character spans of each `[[condition]]` table, in order."""
-    starts = [m.start() for m in re.finditer(r"^\s*\[\[\s*condition\s*\]\]", text, re.M)]
+    starts = [m.start() for m in re.finditer(r"^[ \t]*\[\[[ \t]*condition[ \t]*\]\]", text, re.M)]
     return [(s, starts[i + 1] if i + 1 < len(starts) else len(text)) for i, s in enumerate(starts)]
 
 
 def _line_of_key(text: str, key: str, start: int, end: int) -> int:
     """The line where ``key = …`` is written within text[start:end] (the table's first line
     when it is not found, e.g. a quoted key)."""
-    match = re.compile(rf"^\s*{re.escape(key)}\s*=", re.M).search(text, start, end)
+    match = re.compile(rf"^[ \t]*{re.escape(key)}[ \t]*=", re.M).search(text, start, end)
     return text.count("\n", 0, match.start() if match else start) + 1

@@ -113,6 +113,11 @@ def options_from_args(args, items: list[Condition | BadCondition]) -> Options:
     arms = max((len(i.arms) for i in items if isinstance(i, Condition)), default=2)
     arm_s = args.arm_timeout or DEFAULT_ARM_S
     gpus = max(p.min_gpus for p in profiles)
+    if any(p.device == "cuda" for p in profiles) and not args.container_image:
+        raise SlurmError(
+            "GPU profiles run in the kit's CUDA image on a Slurm node: give --container-image "
+            "IMAGE (pyxis; a squashfs or a registry reference the site can pull)"
+        )
     mounts = []
     if any(p.device == "cuda" for p in profiles) and args.container_image:
         mounts.append(
@@ -175,12 +180,13 @@ def script(work: Path, count: int, options: Options, *, kit_source: Path, python
     if options.cpus_per_task:
         lines.append(f"#SBATCH --cpus-per-task={options.cpus_per_task}")
     cell_file = f'{work}/cells/"$SLURM_ARRAY_TASK_ID".json'
-    lines += [
-        "set -eu",
-        f"cd {shlex.quote(str(kit_source))}",
-        f"export PYTHONPATH={shlex.quote(str(kit_source))} "
-        f"REPRO_KIT_CHECKOUT={shlex.quote(str(kit_source))}",
-    ]
+    lines.append("set -eu")
+    if not options.container_image:  # a bare node runs this checkout's kit (shared file system)
+        lines += [
+            f"cd {shlex.quote(str(kit_source))}",
+            f"export PYTHONPATH={shlex.quote(str(kit_source))} "
+            f"REPRO_KIT_CHECKOUT={shlex.quote(str(kit_source))}",
+        ]
     if options.task_standin:
         lines += [
             "# A test stand-in for the cell's command (faults of Slurm itself).",
@@ -233,10 +239,16 @@ def dry_run(items, out_dir: Path, *, options: Options, kit_source: Path) -> str:
         "# array tasks:",
     ]
     for index, item in enumerate(items):
-        what = getattr(item, "problem", None) or (
-            f"vllm {item.vllm}, profile {item.profile}, arms {' '.join(item.arms)}"
+        if isinstance(item, BadCondition):
+            lines.append(f"#   {index}: {item.name}: not run ({item.problem})")
+            continue
+        command = cell.run_args(
+            item, out_dir / item.name, None, in_image=bool(options.container_image)
         )
-        lines.append(f"#   {index}: {item.name} ({what}) -> {out_dir / item.name}")
+        lines.append(
+            f"#   {index}: {item.name} (vllm {item.vllm}): python -m repro {shlex.join(command)}"
+        )
+
     return "\n".join(lines) + "\n"
 
 
