@@ -371,6 +371,7 @@ def cmd_matrix(args) -> int:
         )
         return 0
     out_dir.mkdir(parents=True, exist_ok=True)
+    slurm.refuse_if_running(out_dir)
     p = plan(items, out_dir, log=log)
     prepare_environments(p, kit_source=KIT_SOURCE, log=log)
     if args.executor == "slurm":

@@ -377,6 +377,22 @@ def collect_task(item, cell_dir: Path, slurm_log: Path, final: dict[str, str], j
     )
 
 
+def refuse_if_running(out_dir: Path) -> None:
+    """A matrix directory whose earlier job array still runs is not touched: its tasks write
+    into the cell directories a re-run would move aside."""
+    info = out_dir / ".matrix" / "slurm.json"
+    if not info.is_file() or shutil.which("squeue") is None:
+        return
+    job = json.loads(info.read_text())["job_id"]
+    live = live_states(job)
+    if live:
+        raise SlurmError(
+            f"{out_dir}: job array {job} from an earlier run still has {len(live)} task(s) "
+            f"pending or running; wait for it (squeue -j {job}) or cancel it (scancel {job}), "
+            f"then re-run to collect and resume"
+        )
+
+
 def run_array(p, *, options: Options, kit_source: Path, arm_timeout_s, log=print) -> None:
     if not p.to_run:
         return
