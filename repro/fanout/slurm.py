@@ -272,11 +272,31 @@ def _slurm(command: list[str], *, check: bool = True) -> str:
     return result.stdout
 
 
-def live_states(job_id: str) -> dict[int, str]:
-    """Array task -> state, for the tasks squeue still shows (pending or running)."""
-    out = _slurm(["squeue", "-h", "-r", "-j", job_id, "-o", "%K %T"], check=False)
+def live_states(job_id: str, *, attempts: int = 5, wait_s: float = 5.0) -> dict[int, str]:
+    """Array task -> state, for the tasks squeue still shows (pending or running).
+
+    An squeue that fails (slurmctld restarting) is asked again: an empty answer must mean
+    the array is done, never that the controller was away."""
+    for attempt in range(attempts):
+        result = subprocess.run(
+            ["squeue", "-h", "-r", "-j", job_id, "-o", "%K %T"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode == 0:
+            break
+        if "Invalid job id" in result.stderr:  # squeue forgot a finished job: none are left
+            return {}
+        time.sleep(wait_s * (attempt + 1))
+    else:
+        raise SlurmError(
+            f"squeue could not say how job array {job_id} stands ({attempts} tries): "
+            f"{result.stderr.strip()}; re-run the matrix when Slurm answers (the array keeps "
+            f"running and its cells are collected then)"
+        )
     states = {}
-    for line in out.splitlines():
+    for line in result.stdout.splitlines():
         task, _, state = line.strip().partition(" ")
         if task.isdigit():
             states[int(task)] = state
