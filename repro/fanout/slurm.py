@@ -341,17 +341,23 @@ def final_states(job_id: str) -> dict[int, dict[str, str]]:
 
 
 def follow(job_id: str, count: int, *, poll_s: float, log=print) -> dict[int, dict[str, str]]:
+    """Follow the array until no task is left; each task's final state is read as it leaves
+    squeue (a long array outlives the controller's memory of its first tasks: MinJobAge)."""
     seen: dict[int, str] = {}
+    states: dict[int, dict[str, str]] = {}
     while True:
         live = live_states(job_id)
         for task, state in live.items():
             if seen.get(task) != state:
                 log(f"[slurm] job {job_id}_{task}: {state}")
                 seen[task] = state
+        gone = [t for t in seen if t not in live and t not in states]
+        if gone or not live:
+            finals = final_states(job_id)
+            states.update({t: finals[t] for t in finals if t not in live and t not in states})
         if not live:
             break
         time.sleep(poll_s)
-    states = final_states(job_id)
     for task in range(count):
         states.setdefault(task, {"state": "UNKNOWN", "exit_code": "", "reason": ""})
         log(
