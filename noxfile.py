@@ -14,6 +14,8 @@ nox -s bundle -- RUN_DIR… --out FILE.tar.gz      deterministic evidence bundle
 nox -s verify -- FILE.tar.gz                      check a bundle (hashes, schemas, verdicts)
 nox -s report -- RUN_DIR|BUNDLE…                  Markdown for the issue tracker
 nox -s compare -- A B                             two labs' runs; non-zero when verdicts differ
+nox -s matrix -- --conditions FILE.toml --out DIR [--executor slurm]   the cross-verification matrix
+nox -s bisect -- --arm cold-race --bad 0.26.0 --good 0.32.0 --out DIR  first release that differs
 nox -s export-image -- IMAGE --out FILE.tar       image archive, sha256, record
 nox -s import-image -- FILE.tar                   check, load, re-check, tag
 nox -s tests                   the test suite (unit + real-engine integration tests)
@@ -214,6 +216,24 @@ def cpu_wheelhouse(session: nox.Session) -> None:
     """
     session.install("-e", ".")
     session.run("python", "-m", "repro", "cpu-wheelhouse", *session.posargs)
+
+
+@nox.session(default=False)
+def matrix(session: nox.Session) -> None:
+    """Every condition × arm: DIR/<condition>/, DIR/matrix.json, DIR/MATRIX.md.
+
+    nox -s matrix -- --conditions FILE.toml --out DIR [--executor slurm] [--dry-run]
+    """
+    _kit_command(session, "matrix")
+
+
+@nox.session(default=False)
+def bisect(session: nox.Session) -> None:
+    """The first release (or main commit) whose verdict differs from the bad end's.
+
+    nox -s bisect -- --arm cold-race --bad 0.26.0 --good 0.32.0 --out DIR
+    """
+    _kit_command(session, "bisect")
 
 
 @nox.session

@@ -13,6 +13,8 @@ verify-weights  re-hash a fetched snapshot against its manifest (offline)
 plan        print what a GPU profile's run would do (settings, hardware, mounts, memory)
 bundle, verify, report, compare, export-image, import-image   evidence that travels
             (see repro/cli_evidence.py)
+matrix      every condition × arm of a conditions file; matrix.json, MATRIX.md (repro/fanout)
+bisect      the first release (or main commit) whose verdict differs from the bad end's
 base-image  make the local Debian base image (debootstrap + docker import)
 build-image build the kit's CPU image and write its image record
 cpu-wheelhouse  download every wheel the CPU image installs (for build-image --wheelhouse)
@@ -207,8 +209,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="after the plan, check this machine's hardware (refuses without the GPUs)",
     )
     from repro import cli_evidence
+    from repro.fanout import bisect, matrix
 
     cli_evidence.add_parsers(sub)
+    matrix.add_parser(sub)
+    bisect.add_parser(sub)
     return parser
 
 
@@ -663,8 +668,16 @@ COMMANDS = {
 
 def _add_evidence_commands() -> None:
     from repro.cli_evidence import COMMANDS as EVIDENCE_COMMANDS
+    from repro.fanout import bisect, cell, matrix
 
     COMMANDS.update(EVIDENCE_COMMANDS)
+    COMMANDS.update(
+        {
+            "matrix": matrix.cmd_matrix,
+            "matrix-cell": cell.cmd_matrix_cell,
+            "bisect": bisect.cmd_bisect,
+        }
+    )
 
 
 _add_evidence_commands()

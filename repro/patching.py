@@ -61,8 +61,9 @@ def check_python_only(patch: Path) -> None:
         )
 
 
-def apply_patch(patch: Path, site_packages: Path) -> dict[str, str]:
-    """Apply `patch` (paths a/vllm/...) inside `site_packages`; refuse it whole on failure."""
+def check_applies(patch: Path, site_packages: Path) -> list[str]:
+    """Refuse ``patch`` unless it applies cleanly in ``site_packages`` (a dry run, nothing
+    changed); return the `patch` command that would apply it."""
     patch = Path(patch).resolve()
     check_python_only(patch)
     tool = shutil.which("patch")
@@ -72,6 +73,13 @@ def apply_patch(patch: Path, site_packages: Path) -> dict[str, str]:
     dry = subprocess.run([*base, "--dry-run"], capture_output=True, text=True)
     if dry.returncode != 0:
         raise PatchError(_describe_failure(patch, dry.stdout + dry.stderr))
+    return base
+
+
+def apply_patch(patch: Path, site_packages: Path) -> dict[str, str]:
+    """Apply `patch` (paths a/vllm/...) inside `site_packages`; refuse it whole on failure."""
+    patch = Path(patch).resolve()
+    base = check_applies(patch, site_packages)
     real = subprocess.run(base, capture_output=True, text=True)
     if real.returncode != 0:
         raise PatchError(_describe_failure(patch, real.stdout + real.stderr))

