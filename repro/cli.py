@@ -107,6 +107,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--device", choices=["cpu", "cuda"], help="run the tiny profile on another device"
     )
+    run.add_argument(
+        "--vllm", default=None, help="with --container: the vLLM ref of the CUDA image (0.32.0)"
+    )
+    run.add_argument("--cuda", default=None, help="with --container: wheel variant (cu130)")
+    run.add_argument("--lock", type=Path, default=None, help="with --container: wheel lock")
+    run.add_argument(
+        "--wheelhouse", type=Path, default=None, help="with --container: build from these wheels"
+    )
     _add_run_options(run)
     _add_container_options(run)
 
@@ -217,6 +225,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cuda_lock.add_argument("--out", type=Path, default=None, help="lock file (default: the ref's)")
     cuda_lock.add_argument("--exclude-newer", default=None, help="ignore uploads after DATE")
+
+    same = sub.add_parser(
+        "lock-compare",
+        help="does an image record hold the same wheels as an install set? (non-zero if not)",
+    )
+    same.add_argument("image_record", type=Path, help="artifacts/images/<tag>.json")
+    same.add_argument("manifest", type=Path, help="the install set's manifest.json")
 
     check = sub.add_parser("image-check", help="(in an image) report its Python stack as JSON")
     check.add_argument("--lock", type=Path, default=None, help="the lock the image installed")
@@ -331,7 +346,7 @@ def cmd_tiny(args: argparse.Namespace) -> int:
 
 def _run_in_container(args: argparse.Namespace, *, profile_name: str) -> int:
     """The host side of a container run: pick (or build) the image, find the model, run."""
-    from repro import engine_env, envinfo, preflight, runner, summary
+    from repro import engine_env, envinfo, plan, preflight, runner, summary
     from repro.containers import docker_client, images
     from repro.containers import run as container_run
     from repro.profiles import get_profile
@@ -361,10 +376,17 @@ def _run_in_container(args: argparse.Namespace, *, profile_name: str) -> int:
                 log=lambda m: print(m, file=sys.stderr),
             )
         else:
-            raise images.ImageMissing(
-                f"profile {profile.name!r} runs in the CUDA image, which is built on a machine "
-                f"that reaches the registries (containers/cuda.Dockerfile); load it here "
-                f"(`docker load -i FILE`) and pass --image TAG"
+            from repro.containers import cuda
+
+            ref = getattr(args, "vllm", None) or plan.DEFAULT_GPU_VLLM
+            variant = getattr(args, "cuda", None) or cuda.DEFAULT_VARIANT
+            image = images.ensure_cuda_image(
+                client,
+                vllm_ref=ref,
+                variant=variant,
+                lock_path=_cuda_lock_path(args, ref),
+                wheelhouse=getattr(args, "wheelhouse", None),
+                log=lambda m: print(m, file=sys.stderr),
             )
         model_dir, subpath = _container_model(args, profile, client, image)
     except ReproError as exc:
@@ -759,6 +781,16 @@ def cmd_cuda_wheelhouse(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_lock_compare(args: argparse.Namespace) -> int:
+    from repro.installset.lock import compare_records
+
+    result = compare_records(
+        json.loads(args.image_record.read_text()), json.loads(args.manifest.read_text())
+    )
+    print(json.dumps(result, indent=2))
+    return 0 if result["equal"] else 1
+
+
 def cmd_image_check(args: argparse.Namespace) -> int:
     from repro.containers.imagecheck import in_image_facts
 
@@ -811,6 +843,7 @@ COMMANDS = {
     "cuda-wheelhouse": cmd_cuda_wheelhouse,
     "cuda-lock": cmd_cuda_lock,
     "image-check": cmd_image_check,
+    "lock-compare": cmd_lock_compare,
 }
 
 

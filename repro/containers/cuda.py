@@ -315,6 +315,42 @@ def build_kit_wheel(dest: Path, *, source_date_epoch: int | None) -> Path:
     return wheels[0]
 
 
+def precheck_patches(lock: dict[str, Any], patches: list[Path], wheelhouse: Path | None) -> None:
+    """Apply ``patches`` to the files of the lock's vLLM wheel here, before any build step: a
+    diff that does not apply (a PR against another tree) fails now, naming its hunks."""
+    import zipfile
+
+    from repro import patching
+
+    if not patches:
+        return
+    vllm = next((p for p in lock["packages"] if p["name"].lower() == "vllm"), None)
+    if vllm is None:
+        raise CudaBuildError("the lock holds no vllm wheel to apply --patch files to")
+    with tempfile.TemporaryDirectory(prefix="repro-patch-check-") as tmp:
+        wheel = Path(wheelhouse) / vllm["filename"] if wheelhouse else None
+        if wheel is None or not wheel.is_file():
+            wheel = Path(tmp) / vllm["filename"]
+            try:
+                urllib.request.urlretrieve(vllm["url"], wheel)
+            except OSError as exc:
+                raise CudaBuildError(
+                    f"cannot fetch {vllm['url']} to check the --patch files against: {exc}"
+                ) from exc
+        if sha256_file(wheel) != vllm["sha256"]:
+            raise CudaBuildError(f"{wheel} is not the lock's vllm wheel (sha256 differs)")
+        site = Path(tmp) / "site"
+        with zipfile.ZipFile(wheel) as zf:
+            names = set(zf.namelist())
+            for patch in patches:
+                for target in patching.targets(patch):
+                    if target in names:
+                        zf.extract(target, site)
+        site.mkdir(exist_ok=True)
+        for patch in patches:
+            patching.apply_patch(patch, site)
+
+
 def free_disk_bytes(client) -> tuple[int, str]:
     root = client.info().get("DockerRootDir") or "/var/lib/docker"
     return shutil.disk_usage(root).free, root
@@ -428,6 +464,7 @@ def build_cuda_image(
     tag = build_mod.validate_tag(tag or default_tag(source.ref.value, variant, patches))
     out_dir = Path(out_dir or build_mod.REPO / "artifacts" / "images")
     out_dir.mkdir(parents=True, exist_ok=True)
+    precheck_patches(lock, patches, wheelhouse)
     need = check_disk(client, lock)
     pins = pins_mod.load_pins()
     chosen = choose_base(client, variant=variant, base=base, pins=pins, log=log)
@@ -652,6 +689,7 @@ __all__ = [
     "VllmSource",
     "build_cuda_image",
     "check_wheelhouse",
+    "precheck_patches",
     "choose_base",
     "commit_index_url",
     "make_cuda_wheelhouse",
