@@ -13,15 +13,14 @@
 #                   user-space libraries come from torch's nvidia-* wheels either way
 #   PYTHON_VERSION  the lock's Python (3.12); installed from the base's apt where missing
 #
-# Layers: metadata and labels first, while the file system is small (with the vfs storage
-# driver every step copies the whole file system), then the small context, then one layer
-# with everything Python. The kit is in that layer too: a kit layer after it would copy the
+# Layers: metadata first, while the file system is small (with the vfs storage driver every
+# step copies the whole file system), then the small context, then one layer with everything
+# Python, then the labels. The kit is in that layer too: a kit layer after it would copy the
 # several GB again under vfs, so a kit change re-runs the install (minutes from the wheel
 # server) instead of copying it.
 ARG BASE_IMAGE
 FROM ${BASE_IMAGE}
 
-SHELL ["/bin/bash", "-euo", "pipefail", "-c"]
 ENV PATH=/opt/venv/bin:${PATH} \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
@@ -31,7 +30,6 @@ ENV PATH=/opt/venv/bin:${PATH} \
 WORKDIR /work
 ENTRYPOINT ["python", "-m", "repro"]
 CMD ["--help"]
-# REPRO-LABELS (the kit puts one LABEL instruction here)
 
 COPY pip/ /opt/repro-pip/
 ARG PYTHON_VERSION
@@ -52,3 +50,7 @@ RUN test -n "${PYTHON_VERSION}" || { echo "build argument PYTHON_VERSION is requ
         if [ -e "${diff}" ]; then python -m repro patch --site "${site}" "${diff}"; fi; \
     done \
  && python -m repro image-check --lock /opt/repro-pip/lock.json --at-build
+
+# Labels last: they name the kit's commit, and a commit that leaves the kit's files as they were
+# (tests, docs) then re-labels the image (one metadata step) instead of re-running the install.
+# REPRO-LABELS (the kit puts one LABEL instruction here)

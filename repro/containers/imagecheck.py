@@ -38,7 +38,10 @@ def in_image_facts(lock_path: Path | None = None) -> dict[str, Any]:
         import torch
 
         facts["torch"] = {
-            "version": torch.__version__,
+            # torch.__version__ carries the CUDA build (2.11.0+cu130) where the wheel's own
+            # version does not (2.11.0): the labels and the lock name the distribution's.
+            "version": md.version("torch"),
+            "build": torch.__version__,
             "cuda": torch.version.cuda,
             "cuda_available": torch.cuda.is_available(),
         }
@@ -50,7 +53,7 @@ def in_image_facts(lock_path: Path | None = None) -> dict[str, Any]:
     try:
         import vllm
 
-        facts["vllm"] = {"version": vllm.__version__}
+        facts["vllm"] = {"version": md.version("vllm"), "build": vllm.__version__}
     except Exception as exc:  # noqa: BLE001
         facts["vllm"] = None
         facts["problems"].append(f"import vllm failed: {type(exc).__name__}: {exc}")
@@ -90,23 +93,33 @@ def check_image(client, image_id: str, labels: dict[str, str]) -> dict[str, Any]
     """Run `image-check` in a container of ``image_id`` (no network) and compare with labels."""
     import docker
 
+    # One container for both questions: under vfs each container copies the whole image.
+    script = (
+        "python -m repro image-check --lock /opt/repro-pip/lock.json"
+        " && python -m repro --help | head -1"
+    )
     try:
         out = client.containers.run(
             image_id,
-            ["image-check", "--lock", "/opt/repro-pip/lock.json"],
+            ["-c", script],
+            entrypoint=["sh"],
             remove=True,
             network_mode="none",
             stderr=False,
         )
-        help_text = client.containers.run(image_id, ["--help"], remove=True, network_mode="none")
     except docker.errors.ContainerError as exc:
         raise ImageCheckFailed(
             f"the in-image check of {image_id[:19]} exited {exc.exit_status}: "
             f"{(exc.stderr or b'').decode(errors='replace')[-2000:]}"
         ) from exc
-    facts = json.loads(out.decode().strip().splitlines()[-1])
+    lines = out.decode(errors="replace").strip().splitlines()
+    help_text = lines[-1] if lines else ""
+    json_lines = [line for line in lines if line.startswith("{")]
+    if not json_lines:
+        raise ImageCheckFailed(f"the in-image check of {image_id[:19]} printed no report")
+    facts = json.loads(json_lines[-1])
     facts["label_problems"] = compare_with_labels(facts, labels)
-    facts["repro_help_runs"] = b"usage: python -m repro" in help_text
+    facts["repro_help_runs"] = help_text.startswith("usage: python -m repro")
     if not facts["repro_help_runs"]:
         facts["label_problems"].append("`python -m repro --help` printed no usage")
     return facts
