@@ -111,6 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--vllm", default=None, help="with --container: the vLLM ref of the CUDA image (0.32.0)"
     )
     run.add_argument("--cuda", default=None, help="with --container: wheel variant (cu130)")
+    run.add_argument(
+        "--allow-unpinned",
+        action="store_true",
+        help="run a GPU profile on weights that are not its pinned snapshot (recorded)",
+    )
     run.add_argument("--lock", type=Path, default=None, help="with --container: wheel lock")
     run.add_argument(
         "--wheelhouse", type=Path, default=None, help="with --container: build from these wheels"
@@ -389,6 +394,9 @@ def _run_in_container(args: argparse.Namespace, *, profile_name: str) -> int:
                 log=lambda m: print(m, file=sys.stderr),
             )
         model_dir, subpath = _container_model(args, profile, client, image)
+        if profile.tiny_model is None:
+            folder = model_dir / subpath if subpath else model_dir
+            _check_weights_pin(profile, str(folder), args)
     except ReproError as exc:
         container_run.no_container_records(
             out_dir=out_dir,
@@ -452,6 +460,28 @@ def _container_model(args, profile, client, image) -> tuple[Path, str | None]:
     return model, None
 
 
+def _check_weights_pin(profile, model_path, args) -> dict:
+    """Refuse an unpinned model (unless --allow-unpinned); put the answer in REPRO_WEIGHTS_PIN
+    for this run's processes, so every artifact records it. Inside a container the host has
+    checked what it mounted and passes its answer down."""
+    import os
+
+    from repro import weights
+
+    if os.environ.get("REPRO_IN_CONTAINER") == "1" and os.environ.get(weights.PIN_ENV):
+        return json.loads(os.environ[weights.PIN_ENV])
+    pin = weights.model_pin(
+        profile.model,
+        model_path,
+        profile_revision=profile.revision,
+        allow_unpinned=getattr(args, "allow_unpinned", False),
+    )
+    if not pin["pinned"]:
+        print(f"[repro] WARNING: {profile.model} is not at a pinned commit (--allow-unpinned)")
+    os.environ[weights.PIN_ENV] = json.dumps(pin, sort_keys=True)
+    return pin
+
+
 def _pinned_snapshot(profile) -> tuple[Path, str]:
     """A GPU profile's weights at their pinned commit in the weights cache: the repo folder
     (mounted whole, since a snapshot's files link into its blobs/) and the snapshot in it."""
@@ -483,6 +513,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.device:
         profile = profile.for_device(args.device)
     preflight.check_hardware(profile, envinfo.collect_hardware())
+    if profile.tiny_model is None:
+        _check_weights_pin(profile, args.model_path, args)
     if args.model_path:
         model_path = str(Path(args.model_path).resolve())
     elif profile.tiny_model is not None:

@@ -438,3 +438,96 @@ def test_the_0_26_0_image_and_install_set_from_one_lock(docker_client, tmp_path)
                 pass
         if not os.environ.get("REPRO_CUDA_WHEELHOUSE"):
             shutil.rmtree(wheelhouse, ignore_errors=True)
+
+
+# --- weights pinned ------------------------------------------------------------------------------
+
+
+def test_a_gpu_run_refuses_unpinned_weights_unless_allowed(tmp_path):
+    from repro import weights
+
+    rev = "a" * 40
+    lock = tmp_path / "weights.lock.json"
+    lock.write_text(
+        json.dumps(
+            {
+                "format": "repro-weights-lock",
+                "format_version": 1,
+                "models": {"org/model": {"revision": rev}},
+            }
+        )
+    )
+    snapshot = tmp_path / "models--org--model" / "snapshots" / rev
+    snapshot.mkdir(parents=True)
+    pin = weights.model_pin("org/model", snapshot, lock_path=lock)
+    assert pin["pinned"] and pin["revision"] == rev and pin["source"] == "lock file"
+    elsewhere = tmp_path / "my-copy"
+    elsewhere.mkdir()
+    with pytest.raises(weights.WeightsError, match="not at a pinned commit.*--allow-unpinned"):
+        weights.model_pin("org/model", elsewhere, lock_path=lock)
+    with pytest.raises(weights.WeightsError, match="pinned: none"):
+        weights.model_pin("org/other", snapshot, lock_path=lock)
+    allowed = weights.model_pin("org/model", elsewhere, lock_path=lock, allow_unpinned=True)
+    assert allowed == {
+        "repo_id": "org/model",
+        "pinned": False,
+        "revision": None,
+        "pinned_revision": rev,
+        "source": "lock file",
+        "allowed_unpinned": True,
+    }
+
+
+def test_the_artifact_records_the_weights_pin(monkeypatch):
+    from repro import evidence
+    from repro.profiles import get_profile
+
+    profile = get_profile("qwen3.6-27b-fp8")
+    monkeypatch.setenv("REPRO_WEIGHTS_PIN", json.dumps({"revision": "b" * 40, "pinned": True}))
+    assert evidence._weights_revision(profile) == "b" * 40
+    monkeypatch.setenv("REPRO_WEIGHTS_PIN", json.dumps({"revision": None, "pinned": False}))
+    assert evidence._weights_revision(profile) is None
+    from repro.artifact import redact_env
+
+    assert "REPRO_WEIGHTS_PIN" in redact_env()  # so every artifact's environment carries it
+
+
+def test_host_packages_are_compared_file_for_file(tmp_path):
+    """The bare host's check (repro/installset/hostcheck.py) on a real pip install of a
+    wheel: equal digests, then one file changed after install is found."""
+    import subprocess
+    import sys
+
+    from repro.installset import hostcheck
+
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    wheel = _stand_in_wheel(wheels, "0.26.0", {"vllm/foo.py": "x = 1\n"})
+    rows = []
+    with zipfile.ZipFile(wheel) as zf:
+        members = {n: zf.read(n) for n in zf.namelist() if not n.endswith("RECORD")}
+    for name, data in members.items():
+        digest = hashlib.sha256(data).digest()
+        rows.append(f"{name},sha256={hostcheck._b64(digest)},{len(data)}")
+    record = "vllm-0.26.0.dist-info/RECORD"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+        zf.writestr(record, "\n".join([*rows, f"{record},,"]) + "\n")
+    lock = {
+        "packages": [
+            {"name": "vllm", "version": "0.26.0", "origin": "host", "filename": wheel.name}
+        ]
+    }
+    target = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
+         "--target", str(target), str(wheel)],
+        check=True,
+    )  # fmt: skip
+    want = hostcheck.wheel_digests(lock, wheels)
+    result = hostcheck.compare(want, hostcheck.installed_digests([str(target)]))
+    assert result["all_identical"] and result["files"] == len(members)
+    (target / "vllm" / "foo.py").write_text("x = 2\n")
+    result = hostcheck.compare(want, hostcheck.installed_digests([str(target)]))
+    assert not result["all_identical"] and result["changed_since_install"] == {"vllm": 1}

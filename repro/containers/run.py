@@ -332,6 +332,10 @@ def run_profile_in_container(
         # A uid without a home of its own (see _user): vLLM and torch keep caches under ~.
         "HOME": "/tmp",
     }
+    from repro.weights import PIN_ENV
+
+    if os.environ.get(PIN_ENV):  # the host's check of the mounted weights (cli)
+        environment[PIN_ENV] = os.environ[PIN_ENV]
     mounts = [
         Mount(Path(model_dir).resolve(), CONTAINER_MODEL, read_only=True),
         Mount(out_dir, CONTAINER_OUT, read_only=False),
