@@ -184,6 +184,12 @@ def build_plan(
         )
         model["revision"] = revision or UNRESOLVED
         model["revision_source"] = source
+        if revision is None:
+            container["image_pins"]["needs_registry"].append(
+                f"the weights' commit of {profile.model}: `python -m repro fetch-weights "
+                f"--profile {profile.name}` pins it in {lock_path.name} (needs the Hugging Face "
+                f"Hub)"
+            )
         cache = Path(cache or weights.default_cache_dir()).expanduser().resolve()
         repo_dir = weights.repo_folder(cache, profile.model)
         snapshot = weights.snapshot_dir(cache, profile.model, revision) if revision else None

@@ -200,7 +200,8 @@ def test_plan_names_the_image_pins_and_the_one_that_is_missing(monkeypatch):
     assert pins["vllm_ref"] == "0.26.0" and pins["cuda_variant"] == "cu130"
     assert pins["pins"]["wheel torch"].startswith("2.11.0 (")  # 0.26.0's torch, from the lock
     assert pins["pins"]["python"] == "3.12"
-    assert len(pins["needs_registry"]) == 1 and "no digest" in pins["pins"]["base (registry)"]
+    assert "no digest" in pins["pins"]["base (registry)"]
+    assert sum("update_base_images.py" in item for item in pins["needs_registry"]) == 1
 
     from repro.containers import pins as pins_mod
 
