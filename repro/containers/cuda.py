@@ -502,6 +502,7 @@ def build_cuda_image(
         for number, patch in enumerate(patches):
             shutil.copyfile(patch, pip_dir / "patches" / f"{number:02d}-{patch.name}")
         kit_wheel = build_kit_wheel(pip_dir / "kit", source_date_epoch=epoch)
+        kit_wheel_record = {"filename": kit_wheel.name, "sha256": sha256_file(kit_wheel)}
         label_line = "LABEL " + " ".join(
             f"{json.dumps(k)}={json.dumps(v)}" for k, v in sorted(labels.items())
         )
@@ -567,7 +568,7 @@ def build_cuda_image(
                 {"filename": p["filename"], "sha256": p["sha256"], "origin": p["origin"]}
                 for p in lock["packages"]
             ],
-            "kit_wheel": {"filename": kit_wheel.name, "sha256": sha256_file(kit_wheel)},
+            "kit_wheel": kit_wheel_record,
         },
         "patches": patch_records,
         "check": check,
