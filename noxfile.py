@@ -5,10 +5,14 @@ nox -s repro-tiny -- --out DIR --inject-fault --vllm 0.32.0 --patch FILE
 nox -s repro-tiny -- --container [--base TAG] [--vllm 0.32.0]   the same in the kit's CPU image
 nox -s base-image -- --tag local/base              the local Debian base image (debootstrap)
 nox -s build-image -- --vllm 0.32.0 --base local/base [--wheelhouse DIR]   the CPU image
+nox -s build-image -- --variant cuda --vllm 0.26.0|COMMIT [--wheelhouse DIR] [--patch FILE]
+                                                   the CUDA image, from its wheel lock
 nox -s cpu-wheelhouse -- --out DIR                 every wheel the CPU image installs
+nox -s cuda-lock -- --vllm 0.26.0 [--for-host FREEZE]   one wheel lock: CUDA image + install set
+nox -s cuda-wheelhouse -- --vllm 0.26.0 --out DIR  every wheel of that lock
 nox -s fetch-weights -- --profile qwen3.6-27b-fp8   fetch a GPU profile's weights (pinned)
 nox -s verify-weights -- --profile qwen3.6-27b-fp8  re-hash them offline
-nox -s repro-qwen / repro-nemotron               a GPU profile in the CUDA image (--image TAG)
+nox -s repro-qwen / repro-nemotron               a GPU profile in the CUDA image (built if missing)
 nox -s repro-qwen -- --dry-run / repro-nemotron -- --dry-run   print a GPU profile's plan
 nox -s bundle -- RUN_DIR… --out FILE.tar.gz      deterministic evidence bundle
 nox -s verify -- FILE.tar.gz                      check a bundle (hashes, schemas, verdicts)
@@ -75,8 +79,9 @@ def _gpu_profile(session: nox.Session, profile: str) -> None:
 def repro_qwen(session: nox.Session) -> None:
     """Qwen3.6-27B-FP8 (1 GPU) in the kit's CUDA image. `-- --dry-run` prints the plan.
 
-    nox -s repro-qwen -- --image TAG [--model-path SNAPSHOT] [--out DIR]
-    Stops at the hardware preflight on a machine without the GPUs.
+    nox -s repro-qwen -- [--vllm REF] [--image TAG] [--model-path SNAPSHOT] [--out DIR]
+    Without --image it uses the CUDA image of the ref's wheel lock built from this checkout,
+    building it if missing. Stops at the hardware preflight on a machine without the GPUs.
     """
     _gpu_profile(session, "qwen3.6-27b-fp8")
 
@@ -85,8 +90,9 @@ def repro_qwen(session: nox.Session) -> None:
 def repro_nemotron(session: nox.Session) -> None:
     """Nemotron-3-Super-120B-A12B-BF16 (4 GPUs, TP 4) in the kit's CUDA image.
 
-    nox -s repro-nemotron -- --image TAG [--model-path SNAPSHOT] [--out DIR]; `-- --dry-run`
-    prints the plan. Stops at the hardware preflight on a machine without the GPUs.
+    nox -s repro-nemotron -- [--vllm REF] [--image TAG] [--model-path SNAPSHOT] [--out DIR];
+    `-- --dry-run` prints the plan. Without --image it uses (or builds) the ref's CUDA image.
+    Stops at the hardware preflight on a machine without the GPUs.
     """
     _gpu_profile(session, "nemotron-super")
 
@@ -145,6 +151,8 @@ def wheelhouse(session: nox.Session) -> None:
 
     nox -s wheelhouse -- --vllm 0.26.0 --python 3.12 \\
         --for-host containers/hosts/h200-pip-freeze.txt --out .installsets/vllm-0.26.0-cp312
+    nox -s wheelhouse -- --lock containers/locks/vllm-0.26.0-cu130-cp312.lock.json --out DIR
+        (the CUDA image's lock: the same wheels, by sha256, as that image)
     """
     session.install("-e", ".[installset]")
     session.run("python", "-m", "repro.installset", "build", *session.posargs)
@@ -159,12 +167,34 @@ def base_image(session: nox.Session) -> None:
 
 @nox.session(name="build-image", default=False)
 def build_image(session: nox.Session) -> None:
-    """The kit's CPU image.
+    """The kit's CPU or CUDA image.
 
     nox -s build-image -- --vllm 0.32.0 --base repro-kit/debian-base:bookworm [--wheelhouse DIR]
+    nox -s build-image -- --variant cuda --vllm 0.26.0 [--wheelhouse DIR] [--patch FILE]
+    """
+    # setuptools and wheel: the CUDA image's kit wheel is built here without an index.
+    session.install("-e", ".", "setuptools>=70.1", "wheel")
+    session.run("python", "-m", "repro", "build-image", *session.posargs)
+
+
+@nox.session(name="cuda-lock", default=False)
+def cuda_lock(session: nox.Session) -> None:
+    """Resolve a vLLM ref into containers/locks/: the CUDA image's wheels and the install set's.
+
+    nox -s cuda-lock -- --vllm 0.26.0 --for-host containers/hosts/h200-pip-freeze.txt
+    """
+    session.install("-e", ".[installset]")
+    session.run("python", "-m", "repro", "cuda-lock", *session.posargs)
+
+
+@nox.session(name="cuda-wheelhouse", default=False)
+def cuda_wheelhouse(session: nox.Session) -> None:
+    """Download every wheel of a CUDA lock (for build-image --variant cuda --wheelhouse DIR).
+
+    nox -s cuda-wheelhouse -- --vllm 0.26.0 --out DIR
     """
     session.install("-e", ".")
-    session.run("python", "-m", "repro", "build-image", *session.posargs)
+    session.run("python", "-m", "repro", "cuda-wheelhouse", *session.posargs)
 
 
 def _kit_command(session: nox.Session, command: str) -> None:

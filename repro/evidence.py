@@ -40,7 +40,7 @@ def base_document(
             "name": profile.name,
             "model": profile.model,
             "model_path": model_path,
-            "revision": profile.revision,
+            "revision": _weights_revision(profile),
             "tensor_parallel_size": profile.tensor_parallel_size,
             "device": profile.device,
             "signal": profile.signal,
@@ -255,3 +255,18 @@ def regrade(doc: dict[str, Any], *, as_recorded: bool = False) -> grading.Verdic
             else grading.CONTROL_SPREAD_GATE
         ),
     )
+
+
+def _weights_revision(profile) -> str | None:
+    """The commit of the weights the run was checked to have (REPRO_WEIGHTS_PIN, set by the
+    CLI for GPU profiles), else the profile's own pin."""
+    import json
+    import os
+
+    pin = os.environ.get("REPRO_WEIGHTS_PIN")
+    if pin:
+        try:
+            return json.loads(pin).get("revision")
+        except (ValueError, AttributeError):
+            return None
+    return profile.revision

@@ -31,9 +31,10 @@ PLAN_VERSION = 1
 HEADROOM_GIB = 16
 CONTAINER_WEIGHTS_ROOT = "/weights"
 CONTAINER_OUT = "/out"
-# The CUDA image cannot be built on the kit's development machine (no registry): the plan
-# names what the run needs instead of an image id.
-IMAGE_CUDA = "the kit's CUDA image (containers/cuda.Dockerfile), given with --image TAG"
+IMAGE_CUDA = (
+    "the kit's CUDA image for the pins below (containers/cuda.Dockerfile): found by its "
+    "labels, or built (`nox -s build-image -- --variant cuda`), or given with --image TAG"
+)
 # The vLLM a GPU profile's image is built for unless --vllm says otherwise, and its CUDA
 # variant: the newest release whose torch pin containers/base-images.json records.
 DEFAULT_GPU_VLLM = "0.32.0"
@@ -96,31 +97,59 @@ def _runs(profile: Profile) -> dict[str, dict[str, Any]]:
     return runs
 
 
-def image_pins(vllm_ref: str, cuda_variant: str) -> dict[str, Any]:
-    """Every input the CUDA image would be built from (containers/cuda.Dockerfile's build
-    arguments), or, where one is not pinned yet, which one and how to pin it."""
-    from repro.containers import build, pins
+def image_pins(vllm_ref: str, cuda_variant: str, *, python: str = "3.12") -> dict[str, Any]:
+    """Every pin the CUDA image would be built from, and those that need a registry (or an
+    index) to resolve, named with what resolves them."""
+    from repro.atomicio import sha256_file
+    from repro.containers import base, cuda, pins
+    from repro.containers.refs import parse_vllm_ref
+    from repro.installset import lock as lockmod
 
+    ref = parse_vllm_ref(vllm_ref)
     table = pins.load_pins()
-    try:
-        args = build.cuda_build_args(vllm_ref=vllm_ref, cuda_variant=cuda_variant, pins=table)
-    except (build.BuildError, pins.PinError) as exc:
-        # Show what is pinned beside what is not, so the gap is the only unknown.
-        base = table.get("cuda", {}).get(cuda_variant) or {}
-        known = {
-            "BASE_IMAGE": f"{base.get('image')}:{base.get('tag')} (no digest)" if base else None,
-            "PYTHON_VERSION": base.get("python"),
-            "CUDA_VARIANT": cuda_variant,
-            "TORCH_VERSION": pins.torch_pin(table, "cuda", vllm_ref),
-            "VLLM_REF": vllm_ref,
-        }
-        return {
-            "vllm_ref": vllm_ref,
-            "cuda_variant": cuda_variant,
-            "build_args": {k: v for k, v in known.items() if v},
-            "unpinned": str(exc),
-        }
-    return {"vllm_ref": vllm_ref, "cuda_variant": cuda_variant, "build_args": args}
+    entry = table.get("cuda", {}).get(cuda_variant) or {}
+    pinned: dict[str, str] = {"vllm": f"{ref.value} ({ref.kind})"}
+    needs_registry: list[str] = []
+    if entry.get("digest"):
+        pinned["base (registry)"] = f"{entry['image']}:{entry['tag']}@{entry['digest']}"
+    elif entry:
+        pinned["base (registry)"] = f"{entry['image']}:{entry['tag']} (no digest pinned)"
+        needs_registry.append(
+            f"the digest of {entry['image']}:{entry['tag']} (run containers/update_base_images.py "
+            f"where the registry is reachable); until then the image is built on the local base"
+        )
+    pinned["base (local)"] = (
+        f"{base.UBUNTU_TAG}: Ubuntu noble, debootstrapped here (`python -m repro base-image "
+        f"--recipe ubuntu-noble`), pinned by its image id at build"
+    )
+    if ref.kind == "commit":
+        index = cuda.commit_index_url(ref.value, cuda_variant)
+        pinned["vllm wheels"] = index
+    lock_path = lockmod.default_lock_path(ref.value, cuda_variant, "cp" + python.replace(".", ""))
+    doc: dict[str, Any] = {"vllm_ref": ref.value, "cuda_variant": cuda_variant}
+    if lock_path.is_file():
+        lock = lockmod.read_lock(lock_path)
+        by_name = {p["name"].lower(): p for p in lock["packages"]}
+        origins = {o: sum(p["origin"] == o for p in lock["packages"]) for o in lockmod.ORIGINS}
+        size = sum(p["bytes"] or 0 for p in lock["packages"])
+        pinned["wheel lock"] = f"{lock_path.name} (sha256 {sha256_file(lock_path)})"
+        pinned["python"] = lock["python"]["version"]
+        for name in ("vllm", "torch", "nvidia-cuda-runtime", "triton"):
+            if name in by_name:
+                pinned[f"wheel {name}"] = f"{by_name[name]['version']} ({by_name[name]['sha256']})"
+        pinned["wheels"] = f"{len(lock['packages'])} wheels, {size / 2**20:.0f} MiB: " + ", ".join(
+            f"{n} {o}" for o, n in origins.items()
+        )
+    else:
+        needs = "PyPI" if ref.kind == "release" else f"PyPI and {pinned['vllm wheels']}"
+        needs_registry.append(
+            f"the wheel lock {lock_path.name}: `nox -s cuda-lock -- --vllm {ref.value}` "
+            f"(needs {needs})"
+        )
+        doc["unpinned"] = f"no wheel lock {lock_path}"
+    doc["pins"] = pinned
+    doc["needs_registry"] = needs_registry
+    return doc
 
 
 def build_plan(
@@ -144,6 +173,10 @@ def build_plan(
     model: dict[str, Any] = {"repo_id": profile.model if has_weights else None}
     weights_section = None
     container: dict[str, Any] = {"image": IMAGE_CUDA, "network": "none"}
+    if profile.device == "cuda":
+        from repro.containers import run as container_run
+
+        container["gpu_settings"] = container_run.gpu_settings(profile)
     if has_weights:
         container["image_pins"] = image_pins(vllm_ref or DEFAULT_GPU_VLLM, DEFAULT_CUDA_VARIANT)
         revision, source = weights.pinned_revision(
@@ -151,6 +184,12 @@ def build_plan(
         )
         model["revision"] = revision or UNRESOLVED
         model["revision_source"] = source
+        if revision is None:
+            container["image_pins"]["needs_registry"].append(
+                f"the weights' commit of {profile.model}: `python -m repro fetch-weights "
+                f"--profile {profile.name}` pins it in {lock_path.name} (needs the Hugging Face "
+                f"Hub)"
+            )
         cache = Path(cache or weights.default_cache_dir()).expanduser().resolve()
         repo_dir = weights.repo_folder(cache, profile.model)
         snapshot = weights.snapshot_dir(cache, profile.model, revision) if revision else None
@@ -277,11 +316,13 @@ def print_plan(doc: dict[str, Any], *, with_json: bool = True) -> None:
     pinned = container.get("image_pins")
     if pinned:
         summary.add_row("image vLLM", f"{pinned['vllm_ref']} ({pinned['cuda_variant']})")
-        for key, value in (pinned.get("build_args") or {}).items():
+        for key, value in (pinned.get("pins") or {}).items():
             summary.add_row(f"image {key}", value)
-        if "unpinned" in pinned:
-            summary.add_row("image pins", f"NOT PINNED: {pinned['unpinned']}")
+        for item in pinned.get("needs_registry", []):
+            summary.add_row("NEEDS A REGISTRY", item)
     summary.add_row("network", container["network"])
+    for key, value in (container.get("gpu_settings") or {}).items():
+        summary.add_row(f"container {key}", json.dumps(value))
     for mount in container.get("mounts", []):
         mode = "ro" if mount["read_only"] else "rw"
         summary.add_row(

@@ -43,6 +43,8 @@ from repro.errors import ReproError
 __all__ = [
     "ALLOW_PATTERNS",
     "DEFAULT_LOCK",
+    "PIN_ENV",
+    "model_pin",
     "MANIFEST_NAME",
     "FetchResult",
     "WeightsError",
@@ -180,6 +182,54 @@ def pinned_revision(
     if locked is not None:
         return locked, "lock file"
     return None, "unresolved"
+
+
+# The pin a GPU run's model was checked against, as JSON, for the run's processes (inside a
+# container too): REPRO_* variables are recorded in every artifact's environment section, so
+# each artifact says whether its weights were the pinned ones.
+PIN_ENV = "REPRO_WEIGHTS_PIN"
+
+
+def model_pin(
+    repo_id: str,
+    model_path: str | Path | None,
+    *,
+    profile_revision: str | None = None,
+    lock_path: Path = DEFAULT_LOCK,
+    allow_unpinned: bool = False,
+) -> dict[str, Any]:
+    """Whether ``model_path`` (None: the pinned snapshot in the cache) holds ``repo_id`` at its
+    pinned commit; refuses an unpinned model unless ``allow_unpinned``.
+
+    Pinned means: a commit is pinned (profile or lock file) and the folder is that commit's
+    snapshot (named by it, as in a Hub cache) or carries the kit's manifest for it.
+    """
+    revision, source = pinned_revision(
+        repo_id, profile_revision=profile_revision, lock_path=lock_path
+    )
+    pinned = revision is not None
+    if model_path is not None and pinned:
+        folder = Path(model_path)
+        manifest = _load_manifest(folder) if folder.is_dir() else None
+        pinned = folder.name == revision or bool(
+            manifest and manifest["repo_id"] == repo_id and manifest["revision"] == revision
+        )
+    if not pinned and not allow_unpinned:
+        where = f"{model_path}" if model_path is not None else "the weights cache"
+        raise WeightsError(
+            f"{repo_id} in {where} is not at a pinned commit (pinned: {revision or 'none'}, "
+            f"from {source}). Fetch the pinned snapshot (`python -m repro fetch-weights "
+            f"--repo {repo_id}`, which writes {lock_path.name}) and give it, or pass "
+            f"--allow-unpinned to run this folder anyway (the artifacts then say unpinned)"
+        )
+    return {
+        "repo_id": repo_id,
+        "pinned": pinned,
+        "revision": revision if pinned else None,
+        "pinned_revision": revision,
+        "source": source,
+        "allowed_unpinned": not pinned,
+    }
 
 
 # --- the manifest --------------------------------------------------------------------------

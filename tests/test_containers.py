@@ -23,32 +23,6 @@ from repro.errors import ReproError
 REPO = Path(__file__).resolve().parent.parent
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
-DIGEST = "sha256:" + "ab" * 32
-FAKE_PINS = {
-    "cuda": {
-        "cu129": {
-            "image": "docker.io/nvidia/cuda",
-            "tag": "12.9.1-devel-ubuntu22.04",
-            "digest": DIGEST,
-            "python": "3.12",
-        },
-        "cu130": {
-            "image": "docker.io/nvidia/cuda",
-            "tag": "13.0.1-devel-ubuntu22.04",
-            "digest": None,
-            "python": "3.12",
-        },
-    },
-    "torch": {"cuda": {"0.32.0": "2.13.0"}, "cpu": {"0.32.0": "2.13.0+cpu"}},
-}
-CUDA_ARGS = {
-    "BASE_IMAGE",
-    "PYTHON_VERSION",
-    "CUDA_VARIANT",
-    "TORCH_VERSION",
-    "VLLM_SOURCE",
-    "VLLM_REF",
-}
 
 
 # --- refs ------------------------------------------------------------------------------------
@@ -119,53 +93,6 @@ def test_cpu_image_takes_releases_only():
     for ref in (SHA, "main"):
         with pytest.raises((InvalidRef, build.BuildError)):
             build.cpu_build_args(base="b", vllm_version=ref, torch_version=None)
-
-
-# --- CUDA build arguments -----------------------------------------------------------------
-
-
-@pytest.mark.parametrize("ref,kind", [("0.32.0", "release"), (SHA, "commit"), ("main", "branch")])
-def test_cuda_build_args_are_complete_pins(ref, kind):
-    args = build.cuda_build_args(
-        vllm_ref=ref,
-        cuda_variant="cu129",
-        pins=FAKE_PINS,
-        torch_version=None if kind == "release" else "2.14.0",
-    )
-    assert set(args) == CUDA_ARGS
-    assert all(isinstance(v, str) and v for v in args.values())
-    assert args["BASE_IMAGE"].endswith("@" + DIGEST)
-    assert args["VLLM_SOURCE"] == kind and args["VLLM_REF"] == ref
-    assert args["TORCH_VERSION"] == ("2.13.0" if kind == "release" else "2.14.0")
-    # Every argument the Dockerfile declares is rendered, and nothing else.
-    declared = {
-        line.split()[1].split("=")[0]
-        for line in build.DOCKERFILES["cuda"].read_text().splitlines()
-        if line.startswith("ARG ")
-    }
-    assert declared == CUDA_ARGS
-
-
-def test_cuda_refuses_unpinned_base_and_unknown_torch():
-    with pytest.raises(pins.PinError, match="no digest pinned"):
-        build.cuda_build_args(vllm_ref="0.32.0", cuda_variant="cu130", pins=FAKE_PINS)
-    with pytest.raises(pins.PinError, match="no CUDA base pinned"):
-        build.cuda_build_args(vllm_ref="0.32.0", cuda_variant="cu999", pins=FAKE_PINS)
-    with pytest.raises(build.BuildError, match="no torch version"):
-        build.cuda_build_args(vllm_ref=SHA, cuda_variant="cu129", pins=FAKE_PINS)
-    with pytest.raises(InvalidRef):
-        build.cuda_build_args(vllm_ref="main;id", cuda_variant="cu129", pins=FAKE_PINS)
-
-
-def test_refs_reach_the_cuda_dockerfile_quoted_only():
-    text = build.DOCKERFILES["cuda"].read_text()
-    for name in ("VLLM_REF", "TORCH_VERSION", "CUDA_VARIANT"):
-        uses = [seg for seg in text.split("${" + name + "}")[:-1]]
-        assert uses, name
-        for before in uses:
-            line = before.splitlines()[-1] if before.splitlines() else ""
-            # inside a double-quoted word: an odd number of quotes before it on its line
-            assert line.count('"') % 2 == 1, f"${{{name}}} unquoted in: {line!r}"
 
 
 def test_shipped_pins_file_loads():

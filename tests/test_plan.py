@@ -194,13 +194,14 @@ def test_refusal_on_this_machine():
 
 def test_plan_names_the_image_pins_and_the_one_that_is_missing(monkeypatch):
     """The CUDA base digest cannot be resolved on a machine that cannot reach the registry:
-    the plan shows every other pin and says which one is missing and how to pin it."""
+    the plan shows every other pin (the wheel lock's) and names the one that needs it."""
     doc = plan.build_plan(get_profile("nemotron-super"), hardware={"gpus": []}, vllm_ref="0.26.0")
     pins = doc["container"]["image_pins"]
     assert pins["vllm_ref"] == "0.26.0" and pins["cuda_variant"] == "cu130"
-    assert pins["build_args"]["TORCH_VERSION"] == "2.11.0"  # 0.26.0's pin
-    assert pins["build_args"]["PYTHON_VERSION"] == "3.12"
-    assert "no digest pinned" in pins["unpinned"] and "imagetools inspect" in pins["unpinned"]
+    assert pins["pins"]["wheel torch"].startswith("2.11.0 (")  # 0.26.0's torch, from the lock
+    assert pins["pins"]["python"] == "3.12"
+    assert "no digest" in pins["pins"]["base (registry)"]
+    assert sum("update_base_images.py" in item for item in pins["needs_registry"]) == 1
 
     from repro.containers import pins as pins_mod
 
@@ -208,6 +209,5 @@ def test_plan_names_the_image_pins_and_the_one_that_is_missing(monkeypatch):
     table["cuda"]["cu130"]["digest"] = "sha256:" + "ab" * 32
     monkeypatch.setattr(pins_mod, "load_pins", lambda path=None: table)
     pinned = plan.image_pins("0.26.0", "cu130")
-    assert "unpinned" not in pinned
-    assert pinned["build_args"]["BASE_IMAGE"].endswith("@sha256:" + "ab" * 32)
-    assert pinned["build_args"]["VLLM_SOURCE"] == "release"
+    assert pinned["needs_registry"] == []
+    assert pinned["pins"]["base (registry)"].endswith("@sha256:" + "ab" * 32)

@@ -46,6 +46,28 @@ INCLUDE = (
 RECIPE_LABEL = "io.repro-kit.base.recipe"
 RECIPE_VERSION = 1
 
+# The CUDA image's local base. Its Python must be the lent H200's (3.12), so that the image and
+# the bare host install one wheel lock (repro/installset/lock.py); Debian has no 3.12, Ubuntu
+# 24.04 (noble) has, and its archive is reachable where no registry is. CUDA's user-space
+# libraries come from torch's nvidia-* wheels, so the base needs none of CUDA. g++ and
+# python3-dev: Triton compiles its launcher against Python.h with the system compiler.
+UBUNTU_TAG = "repro-kit/ubuntu-base:noble"
+UBUNTU_MIRROR = "http://archive.ubuntu.com/ubuntu"
+# debootstrap checks the archive's signatures with Ubuntu's keyring, which Debian no longer
+# packages: the kit fetches Ubuntu's keyring package and checks it against this sha256 (read
+# from noble's main/binary-amd64/Packages on 2026-12-01).
+UBUNTU_KEYRING_DEB = "pool/main/u/ubuntu-keyring/ubuntu-keyring_2023.11.28.1_all.deb"
+UBUNTU_KEYRING_SHA256 = "36de43b15853ccae0028e9a767613770c704833f82586f28eb262f0311adb8a8"
+UBUNTU_INCLUDE = (
+    "python3",
+    "python3-venv",
+    "ca-certificates",
+    "libnuma1",
+    "g++",
+    "python3-dev",
+    "patch",  # `--patch` overlays are applied in the image (repro/patching.py)
+)
+
 
 class BaseImageError(ReproError):
     """The base image could not be made."""
@@ -58,9 +80,16 @@ class BaseRecipe:
     variant: str = "minbase"
     include: tuple[str, ...] = INCLUDE
     version: int = RECIPE_VERSION
+    # For a suite this debootstrap has no script for (noble on bookworm's debootstrap): the
+    # script of its family, and the archive keyring package (path in the mirror, sha256).
+    script: str | None = None
+    components: tuple[str, ...] | None = None
+    keyring_deb: tuple[str, str] | None = None
 
     def digest(self) -> str:
-        text = json.dumps(asdict(self), sort_keys=True)
+        # Unset fields are left out, so that recipes made before they existed keep their hash.
+        fields = {k: v for k, v in asdict(self).items() if v is not None}
+        text = json.dumps(fields, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()
 
     def labels(self) -> dict[str, str]:
@@ -87,6 +116,23 @@ class BaseImage:
         return self.tag
 
 
+RECIPES = {
+    "debian-bookworm": (DEFAULT_TAG, BaseRecipe()),
+    "ubuntu-noble": (
+        UBUNTU_TAG,
+        BaseRecipe(
+            suite="noble",
+            mirror=UBUNTU_MIRROR,
+            include=UBUNTU_INCLUDE,
+            script="gutsy",
+            # python3.12-venv is in noble's universe.
+            components=("main", "universe"),
+            keyring_deb=(UBUNTU_KEYRING_DEB, UBUNTU_KEYRING_SHA256),
+        ),
+    ),
+}
+
+
 def ensure_base_image(
     client, *, tag: str = DEFAULT_TAG, recipe: BaseRecipe | None = None, log=print
 ) -> BaseImage:
@@ -108,22 +154,53 @@ def ensure_base_image(
         raise BaseImageError("debootstrap not found; install it: apt-get install -y debootstrap")
     with tempfile.TemporaryDirectory(prefix="repro-rootfs-", dir="/var/tmp") as tmp:
         rootfs = Path(tmp) / "rootfs"
-        _debootstrap(recipe, rootfs, log)
+        keyring = _fetch_keyring(recipe, Path(tmp), log) if recipe.keyring_deb else None
+        _debootstrap(recipe, rootfs, log, keyring=keyring)
         image_id = _import(client, rootfs, tag, recipe)
     image = client.images.get(image_id)
     log(f"[repro] base image {tag} = {image.id}")
     return BaseImage(tag, image.id, False, time.monotonic() - started, dict(image.labels or {}))
 
 
-def _debootstrap(recipe: BaseRecipe, rootfs: Path, log) -> None:
-    command = [
-        "debootstrap",
-        f"--variant={recipe.variant}",
-        f"--include={','.join(recipe.include)}",
-        recipe.suite,
-        str(rootfs),
-        recipe.mirror,
-    ]
+def _fetch_keyring(recipe: BaseRecipe, work: Path, log) -> Path:
+    """The archive keyring from its package in the mirror, checked against the pinned sha256."""
+    import hashlib
+    import urllib.request
+
+    path, sha256 = recipe.keyring_deb
+    url = f"{recipe.mirror.rstrip('/')}/{path}"
+    log(f"[repro] fetching {url}")
+    try:
+        with urllib.request.urlopen(url, timeout=120) as response:
+            data = response.read()
+    except OSError as exc:
+        raise BaseImageError(f"cannot fetch the archive keyring {url}: {exc}") from exc
+    found = hashlib.sha256(data).hexdigest()
+    if found != sha256:
+        raise BaseImageError(
+            f"{url} has sha256 {found}, the kit pins {sha256}; refusing to trust it "
+            f"(repro/containers/base.py UBUNTU_KEYRING_SHA256; re-read it from the suite's "
+            f"Packages index only if the archive really changed its keyring package)"
+        )
+    deb = work / "keyring.deb"
+    deb.write_bytes(data)
+    subprocess.run(["dpkg-deb", "-x", str(deb), str(work / "keyring")], check=True)
+    found_keyrings = sorted((work / "keyring").rglob("*archive-keyring.gpg"))
+    if not found_keyrings:
+        raise BaseImageError(f"{url} holds no *archive-keyring.gpg")
+    return found_keyrings[0]
+
+
+def _debootstrap(recipe: BaseRecipe, rootfs: Path, log, *, keyring: Path | None = None) -> None:
+    command = ["debootstrap", f"--variant={recipe.variant}"]
+    command += [f"--include={','.join(recipe.include)}"]
+    if recipe.components:
+        command.append(f"--components={','.join(recipe.components)}")
+    if keyring is not None:
+        command.append(f"--keyring={keyring}")
+    command += [recipe.suite, str(rootfs), recipe.mirror]
+    if recipe.script:
+        command.append(f"/usr/share/debootstrap/scripts/{recipe.script}")
     log(f"[repro] {' '.join(command)}")
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:
@@ -175,4 +252,12 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-__all__ = ["DEFAULT_TAG", "BaseImage", "BaseImageError", "BaseRecipe", "ensure_base_image"]
+__all__ = [
+    "DEFAULT_TAG",
+    "RECIPES",
+    "UBUNTU_TAG",
+    "BaseImage",
+    "BaseImageError",
+    "BaseRecipe",
+    "ensure_base_image",
+]

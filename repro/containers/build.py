@@ -28,7 +28,7 @@ from urllib.parse import urlparse, urlsplit, urlunsplit
 from repro import __version__, redaction
 from repro.atomicio import sha256_file, write_json_atomic
 from repro.containers import pins as pins_mod
-from repro.containers.refs import VllmRef, parse_vllm_ref
+from repro.containers.refs import parse_vllm_ref
 from repro.errors import ReproError
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -347,29 +347,6 @@ def cpu_build_args(*, base: str, vllm_version: str, torch_version: str | None) -
     return args
 
 
-def cuda_build_args(
-    *, vllm_ref: str, cuda_variant: str, pins: dict[str, Any], torch_version: str | None = None
-) -> dict[str, str]:
-    """Every input of containers/cuda.Dockerfile, each a pin (nothing floats)."""
-    ref: VllmRef = parse_vllm_ref(vllm_ref)
-    base = pins_mod.cuda_base(pins, cuda_variant)
-    if ref.kind == "release":
-        torch_version = torch_version or pins_mod.torch_pin(pins, "cuda", ref.value)
-    if not torch_version:
-        raise BuildError(
-            f"no torch version pinned for vLLM {ref.value} ({ref.kind}); give --torch (the "
-            f"version vLLM's requirements pin at that ref) or add it to containers/base-images.json"
-        )
-    return {
-        "BASE_IMAGE": base["reference"],
-        "PYTHON_VERSION": base["python"],
-        "CUDA_VARIANT": cuda_variant,
-        "TORCH_VERSION": torch_version,
-        "VLLM_SOURCE": ref.kind,
-        "VLLM_REF": ref.value,
-    }
-
-
 def oci_labels(
     *,
     variant: str,
@@ -629,7 +606,6 @@ __all__ = [
     "PipSettings",
     "build_cpu_image",
     "cpu_build_args",
-    "cuda_build_args",
     "host_pip_settings",
     "make_cpu_wheelhouse",
     "oci_labels",

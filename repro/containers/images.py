@@ -138,4 +138,79 @@ def ensure_cpu_image(
     return ImageFacts.of(client.images.get(built.id))
 
 
-__all__ = ["ImageFacts", "ImageMissing", "ensure_cpu_image", "find_cpu_images", "get_image"]
+def find_cuda_images(
+    client, *, vllm_ref: str, variant: str, lock_sha256: str, kit: dict[str, Any]
+) -> list[ImageFacts]:
+    """CUDA images of ``vllm_ref`` installed from the lock ``lock_sha256`` with this kit and no
+    patches, newest first."""
+    if not kit.get("git_commit") or kit.get("dirty") is not False:
+        return []
+    images = client.images.list(
+        filters={
+            "label": [
+                f"{VARIANT_LABEL}=cuda",
+                f"{VLLM_LABEL}={vllm_ref}",
+                f"io.repro-kit.cuda.variant={variant}",
+                f"io.repro-kit.lock.sha256={lock_sha256}",
+                "io.repro-kit.patches=none",
+                f"{REVISION_LABEL}={kit['git_commit']}",
+                f"{DIRTY_LABEL}=false",
+            ]
+        }
+    )
+    images.sort(key=lambda image: image.attrs.get("Created", ""), reverse=True)
+    return [ImageFacts.of(image) for image in images]
+
+
+def ensure_cuda_image(
+    client,
+    *,
+    vllm_ref: str,
+    variant: str,
+    lock_path: Path,
+    wheelhouse: Path | None = None,
+    log=print,
+) -> ImageFacts:
+    """The newest CUDA image for ``vllm_ref`` from its lock with this kit, built if missing
+    (on nvidia/cuda by digest where it can be had, else on the local Ubuntu base)."""
+    from repro import envinfo
+    from repro.containers import cuda
+    from repro.installset.lock import lock_sha256
+
+    if not Path(lock_path).is_file():
+        raise ImageMissing(
+            f"no CUDA image can be picked or built for vLLM {vllm_ref}: its wheel lock "
+            f"{lock_path} is missing; make it with `nox -s cuda-lock -- --vllm {vllm_ref}`"
+        )
+    kit = envinfo.collect_kit(build.REPO)
+    found = find_cuda_images(
+        client,
+        vllm_ref=vllm_ref,
+        variant=variant,
+        lock_sha256=lock_sha256(lock_path),
+        kit=kit,
+    )
+    if found:
+        log(f"[repro] using image {found[0].name} ({found[0].id})")
+        return found[0]
+    log(f"[repro] building the CUDA image for vLLM {vllm_ref} ({variant}) from {lock_path}")
+    built = cuda.build_cuda_image(
+        client,
+        vllm_ref=vllm_ref,
+        lock_path=lock_path,
+        variant=variant,
+        wheelhouse=wheelhouse,
+        log=log,
+    )
+    return ImageFacts.of(client.images.get(built.id))
+
+
+__all__ = [
+    "ImageFacts",
+    "ImageMissing",
+    "ensure_cpu_image",
+    "ensure_cuda_image",
+    "find_cpu_images",
+    "find_cuda_images",
+    "get_image",
+]

@@ -41,6 +41,26 @@ RUN_LABEL = "io.repro-kit.run"
 # multiprocess mode, and NCCL between tensor-parallel GPUs needs far more (vLLM's own docs run
 # its image with --ipc=host or a large --shm-size).
 SHM_SIZE = {"cpu": "2g", "cuda": "16g"}
+# What NVIDIA's containers are documented to want for multi-GPU work: locked memory without a
+# cap (NCCL and CUDA pin host buffers) and a 64 MiB stack; a private IPC namespace holding the
+# tensor-parallel workers of one container, with the shm size above.
+GPU_ULIMITS = {"memlock": (-1, -1), "stack": (67108864, 67108864)}
+GPU_IPC_MODE = "private"
+
+
+def gpu_settings(profile: Profile) -> dict[str, Any]:
+    """What a CUDA profile's container is started with (and what `plan` shows)."""
+    return {
+        "gpus": profile.tensor_parallel_size,
+        "device_requests": [
+            {"driver": "nvidia", "count": profile.tensor_parallel_size, "capabilities": [["gpu"]]}
+        ],
+        "shm_size": SHM_SIZE["cuda"],
+        "ipc_mode": GPU_IPC_MODE,
+        "ulimits": {name: {"soft": s, "hard": h} for name, (s, h) in GPU_ULIMITS.items()},
+    }
+
+
 # Seconds a container gets beyond its arms' own timeouts (image start, engine imports, records).
 STARTUP_GRACE_S = 300
 CONTAINER_LOG = "logs/container.log"
@@ -101,6 +121,8 @@ class ContainerRun:
         user: str | None = None,
         labels: Mapping[str, str] | None = None,
         name: str | None = None,
+        ulimits: Mapping[str, tuple[int, int]] | None = None,
+        ipc_mode: str | None = None,
     ) -> None:
         self.client = client
         self.image = image
@@ -112,33 +134,44 @@ class ContainerRun:
         self.user = user
         self.labels = dict(labels or {})
         self.name = name
+        self.ulimits = dict(ulimits or {})
+        self.ipc_mode = ipc_mode
         self.container = None
         self._old_handlers: dict[int, Any] = {}
 
-    def __enter__(self) -> ContainerRun:
+    def create_kwargs(self) -> dict[str, Any]:
+        """docker-py's ``containers.create`` arguments for this run (all but the image)."""
         import docker
 
+        device_requests = (
+            [docker.types.DeviceRequest(driver="nvidia", count=self.gpus, capabilities=[["gpu"]])]
+            if self.gpus
+            else None
+        )
+        ulimits = [
+            docker.types.Ulimit(name=name, soft=soft, hard=hard)
+            for name, (soft, hard) in self.ulimits.items()
+        ] or None
+        return dict(
+            command=self.command,
+            name=self.name,
+            labels=self.labels,
+            environment=self.environment,
+            mounts=[m.docker() for m in self.mounts],
+            network_mode="none",
+            shm_size=self.shm_size,
+            device_requests=device_requests,
+            ulimits=ulimits,
+            ipc_mode=self.ipc_mode,
+            user=self.user,
+            # tini as PID 1: forwards signals to the kit and reaps the arms' children.
+            init=True,
+        )
+
+    def __enter__(self) -> ContainerRun:
         self._trap_signals()
         try:
-            device_requests = (
-                [docker.types.DeviceRequest(count=self.gpus, capabilities=[["gpu"]])]
-                if self.gpus
-                else None
-            )
-            self.container = self.client.containers.create(
-                self.image,
-                command=self.command,
-                name=self.name,
-                labels=self.labels,
-                environment=self.environment,
-                mounts=[m.docker() for m in self.mounts],
-                network_mode="none",
-                shm_size=self.shm_size,
-                device_requests=device_requests,
-                user=self.user,
-                # tini as PID 1: forwards signals to the kit and reaps the arms' children.
-                init=True,
-            )
+            self.container = self.client.containers.create(self.image, **self.create_kwargs())
             self.container.start()
         except BaseException:
             self.__exit__(*sys.exc_info())
@@ -297,6 +330,10 @@ def run_profile_in_container(
         # A uid without a home of its own (see _user): vLLM and torch keep caches under ~.
         "HOME": "/tmp",
     }
+    from repro.weights import PIN_ENV
+
+    if os.environ.get(PIN_ENV):  # the host's check of the mounted weights (cli)
+        environment[PIN_ENV] = os.environ[PIN_ENV]
     mounts = [
         Mount(Path(model_dir).resolve(), CONTAINER_MODEL, read_only=True),
         Mount(out_dir, CONTAINER_OUT, read_only=False),
@@ -319,6 +356,8 @@ def run_profile_in_container(
                 environment=environment,
                 gpus=gpus,
                 shm_size=SHM_SIZE[profile.device],
+                ulimits=GPU_ULIMITS if gpus else None,
+                ipc_mode=GPU_IPC_MODE if gpus else None,
                 user=_user(),
                 labels={RUN_LABEL: run_id},
             ) as ctr:

@@ -24,10 +24,17 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     b = sub.add_parser("build", help="resolve, download and pack a set (needs PyPI and uv)")
-    b.add_argument("--vllm", required=True, metavar="VERSION", help="vLLM release, e.g. 0.26.0")
-    b.add_argument("--python", required=True, help="the host's Python, X.Y or X.Y.Z (3.12)")
+    b.add_argument("--vllm", metavar="VERSION", help="vLLM release, e.g. 0.26.0")
+    b.add_argument("--python", help="the host's Python, X.Y or X.Y.Z (3.12)")
+    b.add_argument("--for-host", type=Path, metavar="FREEZE", help=DEFAULT_FREEZE_HELP)
     b.add_argument(
-        "--for-host", required=True, type=Path, metavar="FREEZE", help=DEFAULT_FREEZE_HELP
+        "--lock",
+        type=Path,
+        help="ship a wheel lock's install-set wheels (containers/locks/…, the CUDA image's "
+        "lock) instead of resolving; replaces --vllm, --python and --for-host",
+    )
+    b.add_argument(
+        "--wheels-from", type=Path, help="with --lock: link wheels from this folder if there"
     )
     b.add_argument("--out", required=True, type=Path, help="output folder (parts + manifest.json)")
     b.add_argument("--part-size", default="55MiB", help="size of each part (default 55MiB)")
@@ -70,12 +77,27 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _build(args: argparse.Namespace) -> None:
-    from repro.installset.build import build_vllm
+    from repro.installset.build import build_from_lock, build_vllm
     from repro.installset.pack import parse_size
     from repro.installset.progress import Steps
     from repro.installset.resolve import VLLM_OPTIONAL
     from repro.installset.target import DEFAULT_PLATFORM, Target
 
+    if args.lock:
+        if args.vllm or args.python or args.for_host:
+            raise InstallSetError("--lock replaces --vllm, --python and --for-host")
+        build_from_lock(
+            args.lock,
+            args.out,
+            part_size=parse_size(args.part_size),
+            xz_preset=args.xz_preset,
+            wheels_from=args.wheels_from,
+            keep_staging=args.keep_staging,
+            steps=Steps(),
+        )
+        return
+    if not (args.vllm and args.python and args.for_host):
+        raise InstallSetError("build needs --vllm, --python and --for-host (or --lock)")
     target = Target.create(args.python, args.platform or [DEFAULT_PLATFORM])
     exclude = {} if args.include_optional else dict(VLLM_OPTIONAL)
     exclude.update({name: "left out with --exclude" for name in args.exclude})

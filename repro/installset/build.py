@@ -38,7 +38,7 @@ from repro.installset.resolve import VLLM_OPTIONAL, UvCompiler, find_uv, resolve
 from repro.installset.target import Target
 from repro.installset.unpack import verify
 
-__all__ = ["build_vllm", "pack_set"]
+__all__ = ["build_from_lock", "build_vllm", "pack_set"]
 
 
 # 1980-01-01T00:00:00Z: the earliest time a zip (so a wheel) can record.
@@ -74,6 +74,7 @@ def pack_set(
     pip: PipCommand | None = None,
     keep_staging: bool = False,
     tools: Mapping[str, str | None] | None = None,
+    lock: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, Any], str]:
     """Stage ``wheels``, pack them into parts in ``out_dir``, write and check the manifest.
 
@@ -124,6 +125,8 @@ def pack_set(
     }
     if resolution is not None:
         manifest["resolution"] = dict(resolution)
+    if lock is not None:
+        manifest["lock"] = dict(lock)
     manifest["build"] = {
         "seconds": dict(steps.timings),  # every step up to here; verifying follows
         "tools": dict(tools or {}),
@@ -251,3 +254,63 @@ def build_vllm(
         f" of wheels, in {time.monotonic() - started:.0f} s; manifest sha256 {sha}"
     )
     return manifest, sha
+
+
+def build_from_lock(
+    lock_path: Path,
+    out_dir: Path,
+    *,
+    part_size: int = DEFAULT_PART_SIZE,
+    xz_preset: int = 6,
+    wheels_from: Path | None = None,
+    keep_staging: bool = False,
+    steps: Steps | None = None,
+) -> tuple[dict[str, Any], str]:
+    """The set of a wheel lock's ``install-set`` wheels (repro/installset/lock.py): the same
+    files, by sha256, that the CUDA image made from that lock installs.
+
+    ``wheels_from``: a folder already holding some of them (a CUDA wheelhouse); matching
+    files are linked from there instead of downloaded.
+    """
+    from repro.installset.lock import lock_sha256, locked_packages, read_lock
+
+    steps = steps or Steps()
+    lock = read_lock(lock_path)
+    target = Target(lock["python"]["version"], tuple(lock["platforms"]))
+    packages = locked_packages(lock, ("install-set",))
+    wheels_dir = out_dir / "wheels"
+    wheels_dir.mkdir(parents=True, exist_ok=True)
+    if wheels_from is not None:
+        for pkg in packages:
+            src = Path(wheels_from) / pkg.wheels[0].filename
+            dst = wheels_dir / src.name
+            if src.is_file() and not dst.exists():
+                try:
+                    os.link(src, dst)
+                except OSError:
+                    shutil.copy2(src, dst)
+    pip = PipCommand(
+        index_url=lock["index_url"], extra_index_urls=tuple(lock.get("extra_index_urls", []))
+    )
+    with steps.step("download"):
+        records = download_wheels(packages, wheels_dir, target, pip, log=steps.say)
+    root = records[0]
+    tools = {
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "xz": _version_of(["xz", "--version"]),
+    }
+    return pack_set(
+        records,
+        out_dir,
+        target,
+        root={"requirement": lock["root"], "name": root.name, "version": root.version},
+        part_size=part_size,
+        xz_preset=xz_preset,
+        host=lock["host"],
+        index_url=lock["index_url"],
+        steps=steps,
+        pip=pip,
+        keep_staging=keep_staging,
+        tools=tools,
+        lock={"path": str(lock_path), "sha256": lock_sha256(lock_path)},
+    )

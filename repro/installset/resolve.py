@@ -240,14 +240,18 @@ class UvCompiler:
         *,
         overrides: set[str] = frozenset(),  # type: ignore[assignment]
         excludes: set[str] = frozenset(),  # type: ignore[assignment]
+        constraints: Sequence[str] = (),
+        override_pins: Sequence[str] = (),
     ) -> list[Locked]:
+        """``constraints`` and ``override_pins``: extra ``name==version`` lines for real
+        packages (not stubs), as constraints and as overrides."""
         self.calls += 1
         uv = self.uv or find_uv()
         with tempfile.TemporaryDirectory(prefix="installset-uv-") as tmp:
             work = Path(tmp)
             stubs = work / "stubs"
             stubs.mkdir()
-            constrained, overridden = [], []
+            constrained, overridden = list(constraints), list(override_pins)
             for key, pkg in sorted(host.packages.items()):
                 version = stub_version(pkg.version)
                 if version is None:

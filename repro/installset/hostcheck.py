@@ -1,0 +1,154 @@
+"""Are the bare host's own packages the lock's wheels, file for file?
+
+A wheel lock's ``host`` entries (repro/installset/lock.py) are the packages the CUDA image
+installs as wheels and the bare host already has. Equal versions do not make equal files (the
+host may have been installed from another index, or patched), so both sides reduce each
+package to one digest over its files, ``path,sha256`` sorted, and the digests are compared:
+
+``installed_digests``  (host side, standard library only) hashes every installed file each
+                       distribution's RECORD lists, and counts those changed since install;
+``wheel_digests``      (build side) the same over each lock wheel's RECORD;
+``compare``            which ``host`` packages match, differ, or are missing on the host.
+
+Files outside the package folders (``..``: scripts) and the installer's own dist-info files
+(INSTALLER, REQUESTED, direct_url.json, RECORD) are left out on both sides.
+
+    python3 -m repro.installset.hostcheck digests --out host-digests.json      # on the host
+    python -m repro.installset.hostcheck compare --lock LOCK --wheels DIR --digests FILE
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import importlib.metadata as md
+import io
+import json
+import re
+import zipfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["compare", "installed_digests", "wheel_digests"]
+
+_INSTALLER_FILES = {"INSTALLER", "REQUESTED", "direct_url.json", "RECORD"}
+
+
+def _key(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _kept(path: str) -> bool:
+    if path.startswith(".."):
+        return False
+    return not (".dist-info/" in path and path.rsplit("/", 1)[-1] in _INSTALLER_FILES)
+
+
+def _b64(digest: bytes) -> str:
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def _digest(rows: list[str]) -> str:
+    return hashlib.sha256("\n".join(sorted(rows)).encode()).hexdigest()
+
+
+def installed_digests(paths: Sequence[str] | None = None) -> dict[str, list]:
+    """``{name: [version, files, digest, changed since install]}`` for this interpreter (or
+    the distributions in ``paths``)."""
+    out = {}
+    found = md.distributions(path=list(paths)) if paths is not None else md.distributions()
+    for dist in found:
+        rows, changed = [], 0
+        for f in dist.files or []:
+            if not f.hash or f.hash.mode != "sha256" or not _kept(str(f)):
+                continue
+            h = hashlib.sha256()
+            with open(f.locate(), "rb") as fh:
+                while chunk := fh.read(1 << 22):
+                    h.update(chunk)
+            found = _b64(h.digest())
+            changed += found != f.hash.value
+            rows.append(f"{f},{found}")
+        out[_key(dist.metadata["Name"])] = [dist.version, len(rows), _digest(rows), changed]
+    return out
+
+
+def wheel_digests(
+    lock: Mapping[str, Any], wheels_dir: Path, origins: Sequence[str] = ("host",)
+) -> dict[str, list]:
+    """The same digest for every lock wheel of ``origins`` in ``wheels_dir``, from its RECORD
+    (a wheel's ``.data/`` files install outside the package folders: left out, as ``..``)."""
+    out = {}
+    for pkg in lock["packages"]:
+        if pkg["origin"] not in origins:
+            continue
+        with zipfile.ZipFile(Path(wheels_dir) / pkg["filename"]) as zf:
+            # The wheel's own RECORD, not a vendored package's (setuptools/_vendor/…).
+            record = next(
+                n for n in zf.namelist() if n.endswith(".dist-info/RECORD") and n.count("/") == 1
+            )
+            text = zf.read(record).decode("utf-8")
+        rows = [
+            f"{row[0]},{row[1][len('sha256=') :]}"
+            for row in csv.reader(io.StringIO(text))
+            if len(row) >= 2
+            and row[1].startswith("sha256=")
+            and _kept(row[0])
+            and ".data/" not in row[0].split("/", 1)[0] + "/"
+        ]
+        out[_key(pkg["name"])] = [pkg["version"], len(rows), _digest(rows), 0]
+    return out
+
+
+def compare(wheels: Mapping[str, list], host: Mapping[str, list]) -> dict[str, Any]:
+    same, differ, missing, version = [], [], [], []
+    for name, (want_version, files, digest, _) in sorted(wheels.items()):
+        found = host.get(name)
+        if found is None:
+            missing.append(name)
+        elif found[0] != want_version:
+            version.append(f"{name}: host {found[0]}, lock {want_version}")
+        elif found[2] != digest:
+            differ.append(f"{name} {want_version}: {found[1]} files on the host, {files} in wheel")
+        else:
+            same.append(name)
+    changed = {n: v[3] for n, v in host.items() if n in wheels and v[3]}
+    return {
+        "packages": len(wheels),
+        "identical": len(same),
+        "files": sum(wheels[n][1] for n in same),
+        "differ": differ,
+        "missing_on_host": missing,
+        "other_version_on_host": version,
+        "changed_since_install": changed,
+        "all_identical": len(same) == len(wheels),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python3 -m repro.installset.hostcheck")
+    sub = parser.add_subparsers(dest="command", required=True)
+    host = sub.add_parser("digests", help="(on the host) digest every installed distribution")
+    host.add_argument("--out", type=Path, required=True)
+    both = sub.add_parser("compare", help="(build side) the lock's host wheels vs the host")
+    both.add_argument("--lock", type=Path, required=True)
+    both.add_argument("--wheels", type=Path, required=True, help="folder holding the wheels")
+    both.add_argument("--digests", type=Path, required=True, help="the host's digests file")
+    args = parser.parse_args(argv)
+    if args.command == "digests":
+        args.out.write_text(json.dumps(installed_digests(), indent=1, sort_keys=True))
+        return 0
+    lock = json.loads(args.lock.read_text(encoding="utf-8"))
+    result = compare(
+        wheel_digests(lock, args.wheels), json.loads(args.digests.read_text(encoding="utf-8"))
+    )
+    print(json.dumps(result, indent=2))
+    return 0 if result["all_identical"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
