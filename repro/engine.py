@@ -219,7 +219,9 @@ class Engine:
         return inner.scheduler
 
     def count_tokens(self, text: str) -> int:
-        return len(self.llm.get_tokenizer().encode(text, add_special_tokens=False))
+        """Tokens of `text` as a prompt, special tokens included (as vLLM encodes a text prompt
+        and upstream sizes its manuals)."""
+        return len(self.llm.get_tokenizer().encode(text))
 
     # -- work ------------------------------------------------------------------------------
     def generate(self, prompts: list[str | list[int]], sampling: Sampling) -> list[Completion]:
