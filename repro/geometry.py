@@ -27,6 +27,9 @@ COLD_RACE_IDENTICAL_PROMPTS = 16
 # Answers: greedy, at most 24 tokens, stopped at the first newline.
 ANSWER_MAX_TOKENS = 24
 ANSWER_STOP = ("\n",)
+# Log-prob profiles (random weights) answer in exactly this many tokens instead (the signal is
+# the first token; see `repro.arms.common.answer_sampling`).
+LOGPROB_ANSWER_TOKENS = 8
 
 # Liveness probe: a manual of 3 B + 128 tokens, asked about fact 0 and then fact 1 with
 # 8-token answers; then the cold-race prompt of fact 0, four times, with a 128-token decode
