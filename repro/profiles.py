@@ -12,11 +12,13 @@ from typing import Any
 
 ARMS = ("cold-race", "multi-turn")
 
-# Upstream constants (see the seed and ARCHITECTURE.md).
+# Upstream constants (docs/fidelity.md lists them all, with the kit's value per profile).
 NUM_SPECULATIVE_TOKENS = 2
 UPSTREAM_MAX_MODEL_LEN = 10240
 UPSTREAM_COLD_RACE_BUDGET = 4096
-UPSTREAM_MAX_NUM_SEQS = 8
+# Cold-race only: upstream's multi-turn arm leaves vLLM's default (all 32 requests at once).
+UPSTREAM_COLD_RACE_MAX_NUM_SEQS = 8
+UPSTREAM_GPU_MEMORY_UTILIZATION = 0.8
 
 ENGINE_ENV = {
     # In-process engine: geometry is read from the scheduler and counters settle faster.
@@ -50,6 +52,15 @@ class Profile:
     # The family of the model the kit builds offline for this profile (`repro.tinymodel`);
     # None for profiles that run published weights.
     tiny_model: str | None = None
+    # Upstream's 0.8 on GPU profiles; None leaves vLLM's default (the CPU build sizes its
+    # cache from kv_cache_memory_bytes instead).
+    gpu_memory_utilization: float | None = None
+
+    @property
+    def answers(self) -> str:
+        """How answers are sampled: "upstream" (needle: at most 24 tokens, stop at a newline)
+        or "fixed" (logprob: exactly `repro.geometry.LOGPROB_ANSWER_TOKENS`, EOS ignored)."""
+        return "upstream" if self.signal == "needle" else "fixed"
 
     def engine_settings(
         self, *, arm: str, prefix_caching: bool, mamba_block_size: int | None = None
@@ -66,7 +77,10 @@ class Profile:
         settings: dict[str, Any] = {
             "tensor_parallel_size": self.tensor_parallel_size,
             "max_model_len": self.max_model_len,
-            "max_num_seqs": UPSTREAM_MAX_NUM_SEQS,
+            "max_num_seqs": UPSTREAM_COLD_RACE_MAX_NUM_SEQS if arm == "cold-race" else None,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            # Upstream's test runner passes it; the hybrid checkpoints ship their own code.
+            "trust_remote_code": True,
             "enforce_eager": True,
             "enable_chunked_prefill": True,
             "enable_prefix_caching": prefix_caching,
@@ -217,6 +231,7 @@ QWEN = Profile(
     max_model_len=UPSTREAM_MAX_MODEL_LEN,
     cold_race_budget=UPSTREAM_COLD_RACE_BUDGET,
     multi_turn_budget=None,
+    gpu_memory_utilization=UPSTREAM_GPU_MEMORY_UTILIZATION,
     why_arms="multi-turn only: upstream's cold-race control is too weak on Qwen",
 )
 
@@ -232,6 +247,7 @@ NEMOTRON = Profile(
     max_model_len=UPSTREAM_MAX_MODEL_LEN,
     cold_race_budget=UPSTREAM_COLD_RACE_BUDGET,
     multi_turn_budget=None,
+    gpu_memory_utilization=UPSTREAM_GPU_MEMORY_UTILIZATION,
     why_arms="both arms, as upstream",
 )
 

@@ -386,6 +386,8 @@ def run_arm_in_this_process(arm: str, out_dir: Path) -> int:
             engagement=result.engagement,
             liveness=result.liveness,
             extra_noise=result.extra_noise,
+            rules=grading.RULES_UPSTREAM,
+            require_hits=grading.requires_hits(arm, grading.RULES_UPSTREAM),
         )
         evidence.fill_result(doc, result, verdict, context=facts, overrides=context["overrides"])
         doc["run"]["phases_s"] = {k: round(v, 3) for k, v in timer.seconds.items()}

@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 # Bump when the builder's output changes for an unchanged recipe.
-BUILDER_VERSION = 2
+BUILDER_VERSION = 3
 
 RECIPE: dict = {
     "model_type": "qwen3_next",
@@ -144,12 +144,13 @@ def training_corpus(seed: int) -> list[str]:
     from repro import prompts
 
     rng = random.Random(seed)
-    lines = [prompts.HEADER, prompts.FOLLOW_UP]
+    lines = [prompts.HEADER, prompts.FOOTER]
     lines += prompts.FILLER_SENTENCES
     for vault in range(64):
-        code = f"{rng.randrange(100000, 1000000)}"
+        code = f"{rng.randint(0, 999_999):06d}"
         lines.append(prompts.fact_line(vault, code))
-        lines.append(prompts.question_line(vault))
+        lines.append(prompts.needle_question(vault))
+        lines.append(prompts.procedure_question(vault))
     return lines * 4
 
 
