@@ -64,24 +64,58 @@ OTHER_HEADERS = [
     "Security briefing for new staff. The manual follows.\n\n",
 ]
 _SUBJECTS = [
-    "The duty officer", "Every visitor", "The night shift", "The compliance office",
-    "A senior engineer", "The front desk", "Each contractor", "The records team",
-    "The facilities crew", "The auditor", "The control room", "All staff",
+    "The duty officer",
+    "Every visitor",
+    "The night shift",
+    "The compliance office",
+    "A senior engineer",
+    "The front desk",
+    "Each contractor",
+    "The records team",
+    "The facilities crew",
+    "The auditor",
+    "The control room",
+    "All staff",
 ]
 _VERBS = [
-    "checks", "records", "reviews", "reports", "inspects", "files", "updates", "signs",
-    "seals", "escorts", "confirms", "logs",
+    "checks",
+    "records",
+    "reviews",
+    "reports",
+    "inspects",
+    "files",
+    "updates",
+    "signs",
+    "seals",
+    "escorts",
+    "confirms",
+    "logs",
 ]
 _OBJECTS = [
-    "the badge readers", "the corridor lights", "the supply ledger", "the loading dock",
-    "the humidity readings", "the visitor list", "the stairwell doors", "the alarm panel",
-    "the weekly report", "the server room", "the fire exits", "the key cabinet",
+    "the badge readers",
+    "the corridor lights",
+    "the supply ledger",
+    "the loading dock",
+    "the humidity readings",
+    "the visitor list",
+    "the stairwell doors",
+    "the alarm panel",
+    "the weekly report",
+    "the server room",
+    "the fire exits",
+    "the key cabinet",
 ]
 _TAILS = [
-    "before the end of each shift.", "every morning without exception.",
-    "on an hourly schedule.", "when the bell rings at noon.", "after every inspection.",
-    "and escalates any discrepancy.", "as the handbook requires.", "twice a week.",
-    "before any contractor enters.", "at the close of business.",
+    "before the end of each shift.",
+    "every morning without exception.",
+    "on an hourly schedule.",
+    "when the bell rings at noon.",
+    "after every inspection.",
+    "and escalates any discrepancy.",
+    "as the handbook requires.",
+    "twice a week.",
+    "before any contractor enters.",
+    "at the close of business.",
 ]
 
 
@@ -108,8 +142,7 @@ def procedure_question(vault: int, style: int = 0) -> str:
             f"in detail.\nAnswer:"
         )
     return (
-        f"Question: Describe, step by step, the procedure for opening vault-{vault:02d}."
-        f"\nAnswer:"
+        f"Question: Describe, step by step, the procedure for opening vault-{vault:02d}.\nAnswer:"
     )
 
 
@@ -242,7 +275,9 @@ def training_example(
     return ex
 
 
-def eval_example(rng: random.Random, *, needles: int, fillers: int, asked: int, kind: str) -> Example:
+def eval_example(
+    rng: random.Random, *, needles: int, fillers: int, asked: int, kind: str
+) -> Example:
     """A held-out prompt in the kit's manual shape (`repro.prompts`), asking about `asked`.
 
     kind "cold-race": manual + question; "multi-turn": manual + procedure question + a

@@ -58,7 +58,6 @@ def ssd_scan(x, a, b, c, chunk: int):
     b, c: (batch, T, heads, n). T must be a multiple of `chunk`. Returns y like x.
     """
     batch, length, heads, p = x.shape
-    n = b.shape[-1]
     chunks = length // chunk
 
     def split(t):

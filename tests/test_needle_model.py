@@ -82,11 +82,18 @@ def test_training_model_computes_what_transformers_nemotron_h_computes():
     }
     missing, unexpected = reference.load_state_dict(renamed, strict=False)
     assert not missing and not unexpected
-    ids = torch.randint(0, config["vocab_size"], (1, 200), generator=torch.Generator().manual_seed(0))
+    # vLLM's Mamba2 mixer clamps dt to (0, inf); transformers' to (0.001, inf), which the
+    # trained model's slowest heads fall below.
+    for module in reference.modules():
+        if hasattr(module, "time_step_limit"):
+            module.time_step_limit = (0.0, float("inf"))
+    ids = torch.randint(
+        0, config["vocab_size"], (1, 200), generator=torch.Generator().manual_seed(0)
+    )
     with torch.no_grad():
         ours, _ = model(ids)
         theirs = reference.eval()(ids).logits
-    assert (ours - theirs).abs().max().item() < 1e-2 * theirs.abs().max().item()
+    assert (ours - theirs).abs().max().item() < 1e-4 * theirs.abs().max().item()
 
 
 def _greedy(model, tokenizer, prompt: str, steps: int = 8) -> str:
