@@ -383,6 +383,17 @@ def grade(
         )
 
     # 4. Liveness.
+    if liveness is not None and not liveness.passed and rules == RULES_KIT:
+        return Verdict(
+            "inconclusive",
+            "liveness",
+            f"liveness probe ({liveness.prompt_tokens} tokens sent twice) got "
+            f"{liveness.hits} hits of {liveness.queries} queries and "
+            f"{liveness.cached_tokens} cached tokens on the second send: the cache went quiet",
+            threshold=threshold,
+            waves=wave_grades,
+            outcome="zero-hit",
+        )
     if liveness is not None and not liveness.passed:
         return Verdict(
             "inconclusive",
