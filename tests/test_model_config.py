@@ -127,3 +127,47 @@ def test_cli_refuses_a_non_hybrid_model_before_anything_starts(tmp_path):
     assert "cannot show the hybrid prefix-cache bug" in proc.stderr, proc.stderr
     assert "model_type 'llama'" in proc.stderr
     assert not out.exists()  # no run directory, no engine, no arm
+
+
+def test_cli_model_on_a_host_without_gpus_is_refused_after_the_config(
+    tiny_configs, tmp_path, capsys
+):
+    from repro import cli
+
+    out = tmp_path / "out"
+    assert cli.main(["run", "--model", str(tiny_configs["nemotron-h"]), "--out", str(out)]) != 0
+    assert "--model runs on NVIDIA GPUs and none was found" in capsys.readouterr().err
+    assert not out.exists()
+
+
+H200 = {"name": "NVIDIA H200", "memory_bytes": 143771 << 20}
+
+
+@pytest.mark.parametrize(("tp_flag", "expected_tp"), [([], 2), (["--tp", "1"], 1)])
+def test_cli_model_takes_tp_from_the_gpus_or_the_flag(
+    tiny_configs, tmp_path, monkeypatch, tp_flag, expected_tp
+):
+    # Stand-in at the GPU boundary: two H200s reported by envinfo, and the arms not run (no
+    # GPU here). What is checked is the profile the kit would run.
+    from repro import cli, runner, summary
+
+    monkeypatch.setattr("repro.envinfo.collect_hardware", lambda: {"gpus": [H200, H200]})
+    seen = {}
+
+    def fake_run_profile(**kwargs):
+        seen.update(kwargs)
+        return {}
+
+    monkeypatch.setattr(runner, "run_profile", fake_run_profile)
+    monkeypatch.setattr(summary, "print_summary", lambda *a, **k: None)
+    model = str(tiny_configs["qwen3-next"])
+    assert cli.main(["run", "--model", model, *tp_flag, "--out", str(tmp_path)]) == 0
+    profile = seen["profile"]
+    assert (profile.name, profile.model, profile.tensor_parallel_size) == (
+        "model",
+        model,
+        expected_tp,
+    )
+    assert seen["model_path"] == str(Path(model).resolve())
+    assert seen["arms"] == ["cold-race", "multi-turn"]
+    assert profile.engine_settings(arm="cold-race", prefix_caching=True)["max_num_seqs"] == 8
