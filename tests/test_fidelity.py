@@ -159,7 +159,7 @@ def turn_one(p):
     s = geometry.multi_turn_sizes(b, max_model_len=10**6)
     text = f"min 2 B - m + {s.overshoot}, max min + {s.slack}"
     if p.ignore_eos:
-        text += ", decodes max (EOS ignored)"
+        text += ", decodes min (EOS ignored)"
     return text + (f" (at B = {b})" if b < geometry.MULTI_TURN_FULL_SCALE_BLOCK else "")
 
 

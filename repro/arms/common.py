@@ -241,7 +241,7 @@ def sampling_plan(profile: Profile) -> dict[str, dict[str, dict[str, Any]]]:
             "asks": "the procedure for vault i",
         }
         if profile.ignore_eos:
-            first["min_tokens"] = "max_tokens (EOS ignored)"
+            first["max_tokens"] = "min_tokens (EOS ignored)"
         plan["multi-turn"] = {
             "turn 1": first,
             "turn 2": shown(
