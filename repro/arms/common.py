@@ -235,7 +235,10 @@ def sampling_plan(profile: Profile) -> dict[str, dict[str, dict[str, Any]]]:
             "requests": geometry.MULTI_TURN_PROMPTS,
             "temperature": 0.0,
             "max_tokens": "min_tokens + 64",
-            "min_tokens": "2 B - m + 96 (m: the manual's tokens)",
+            "min_tokens": (
+                "2 B - m + 96 (m: the manual's tokens; below B = "
+                f"{geometry.MULTI_TURN_FULL_SCALE_BLOCK} the 96 and 64 scale with B)"
+            ),
             "stop": [],
             "ignore_eos": profile.ignore_eos,
             "asks": "the procedure for vault i",
