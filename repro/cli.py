@@ -103,6 +103,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--profile", default="tiny")
     run.add_argument("--model-path", help="local model directory (default: the profile's)")
     run.add_argument(
+        "--model",
+        metavar="REPO_OR_PATH",
+        help="run the needle arms on a hybrid MTP model the kit has no profile for: a local "
+        "checkpoint folder, or a Hub repo already in the local cache (its config.json is "
+        "checked first)",
+    )
+    run.add_argument(
+        "--tp", type=int, default=None, help="with --model: tensor parallel size (default: GPUs)"
+    )
+    run.add_argument(
         "--device", choices=["cpu", "cuda"], help="run the tiny profile on another device"
     )
     _add_run_options(run)
@@ -405,9 +415,13 @@ def _pinned_snapshot(profile) -> tuple[Path, str]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from repro import envinfo, preflight, runner, summary
+    from repro import envinfo, preflight
     from repro.profiles import get_profile
 
+    if args.model:
+        return _run_model(args)
+    if args.tp is not None:
+        raise ReproError("--tp goes with --model (a profile fixes its tensor parallel size)")
     if args.container:
         return _run_in_container(args, profile_name=args.profile)
     if args.image:
@@ -416,12 +430,40 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.device:
         profile = profile.for_device(args.device)
     preflight.check_hardware(profile, envinfo.collect_hardware())
-    if args.model_path:
+    return _run_profile(args, profile, model_path=None)
+
+
+def _run_model(args: argparse.Namespace) -> int:
+    """`run --model`: the model's config first, then the GPUs, then the arms."""
+    from repro import envinfo, model_config, preflight
+    from repro.profiles import for_model
+
+    for flag, given in (("--container", args.container), ("--model-path", args.model_path)):
+        if given:
+            raise ReproError(f"{flag} does not go with --model (the model is run where it is)")
+    model_config.check_model(args.model)
+    model_dir = model_config.config_path(args.model).parent
+    hardware = envinfo.collect_hardware()
+    tp = args.tp if args.tp is not None else len(hardware.get("gpus") or [])
+    if tp < 1:
+        raise ReproError(
+            "--model runs on NVIDIA GPUs and none was found (nvidia-smi); run it on a GPU "
+            "host, or pass --tp N there to use fewer GPUs than it has"
+        )
+    profile = for_model(args.model, tensor_parallel_size=tp)
+    preflight.check_hardware(profile, hardware)
+    return _run_profile(args, profile, model_path=str(model_dir.resolve()))
+
+
+def _run_profile(args: argparse.Namespace, profile, *, model_path: str | None) -> int:
+    from repro import runner, summary
+
+    if model_path is None and args.model_path:
         model_path = str(Path(args.model_path).resolve())
-    elif profile.tiny_model is not None:
+    elif model_path is None and profile.tiny_model is not None:
         recipe = tinymodel.recipe_for(profile.tiny_model)
         model_path = str(tinymodel.ensure_tiny_model(recipe=recipe))
-    else:
+    elif model_path is None:
         raise ReproError(
             f"profile {profile.name!r} needs --model-path: the local snapshot directory of "
             f"{profile.model} (offline runs never resolve repo ids)"

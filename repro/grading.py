@@ -379,10 +379,21 @@ def grade(
             "; ".join(violations),
             threshold=threshold,
             waves=wave_grades,
-            outcome="corrupted",
+            outcome=_outcome("corrupted", rules),
         )
 
     # 4. Liveness.
+    if liveness is not None and not liveness.passed and rules == RULES_KIT:
+        return Verdict(
+            "inconclusive",
+            "liveness",
+            f"liveness probe ({liveness.prompt_tokens} tokens sent twice) got "
+            f"{liveness.hits} hits of {liveness.queries} queries and "
+            f"{liveness.cached_tokens} cached tokens on the second send: the cache went quiet",
+            threshold=threshold,
+            waves=wave_grades,
+            outcome=_outcome("zero-hit", rules),
+        )
     if liveness is not None and not liveness.passed:
         return Verdict(
             "inconclusive",
@@ -393,7 +404,7 @@ def grade(
             f"clean trigger-wave result would be vacuous",
             threshold=threshold,
             waves=wave_grades,
-            outcome="zero-hit",
+            outcome=_outcome("zero-hit", rules),
         )
     if engagement.hits_seen > 0:
         outcome, engaged = "clean-engaged", "engaged with "
@@ -425,8 +436,13 @@ def grade(
         f"{_cached_tokens_note(engagement)}, {engagement.spec_decode_num_drafts} drafts",
         threshold=threshold,
         waves=wave_grades,
-        outcome=outcome,
+        outcome=_outcome(outcome, rules),
     )
+
+
+def _outcome(outcome: str, rules: str) -> str | None:
+    """Outcomes are recorded under upstream's rules; older artifacts carry none."""
+    return outcome if rules == RULES_UPSTREAM else None
 
 
 def requires_hits(arm: str, rules: str) -> bool:

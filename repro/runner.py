@@ -26,7 +26,7 @@ from repro import envinfo, evidence, grading, patching
 from repro.artifact import redact_env, require_validation, validate_artifact, write_artifact
 from repro.atomicio import sha256_file, write_json_atomic
 from repro.errors import NotEvidence, ReproError
-from repro.profiles import Profile, get_profile
+from repro.profiles import MODEL_PROFILE_NAME, Profile, for_model, get_profile
 
 CONTEXT_ENV = "REPRO_RUN_CONTEXT"
 FAULT_ENV = "REPRO_INJECT_FAULT"
@@ -109,6 +109,9 @@ def arm_context(
         "kit": _kit(),
         "profile": profile.name,
         "device": profile.device,
+        # A model without a profile is rebuilt from these in the arm's process.
+        "model": profile.model,
+        "tensor_parallel_size": profile.tensor_parallel_size,
         "model_path": model_path,
         "overrides": overrides,
         "fault_kind": fault_kind,
@@ -291,6 +294,8 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 
 def _profile(context: dict[str, Any]) -> Profile:
+    if context["profile"] == MODEL_PROFILE_NAME:
+        return for_model(context["model"], tensor_parallel_size=context["tensor_parallel_size"])
     return get_profile(context["profile"]).for_device(context["device"])
 
 

@@ -194,3 +194,63 @@ def engagement_of(
         spec_decode_num_drafts=drafts,
         cached_prompt_tokens=sum(c.num_cached_tokens or 0 for c in completions),
     )
+
+
+def sampling_plan(profile: Profile) -> dict[str, dict[str, dict[str, Any]]]:
+    """Each arm's requests and how they are sampled, for the run plan (`repro.plan`).
+
+    Sizes that depend on the Mamba block size B (measured at boot) are given as their rule.
+    """
+
+    def shown(sampling: Sampling, requests: Any, **extra: Any) -> dict[str, Any]:
+        doc: dict[str, Any] = {"requests": requests, "temperature": 0.0}
+        doc.update(
+            max_tokens=sampling.max_tokens,
+            min_tokens=sampling.min_tokens,
+            stop=list(sampling.stop),
+            ignore_eos=sampling.ignore_eos,
+        )
+        doc.update(extra)
+        return doc
+
+    answer = answer_sampling(profile)
+    probe = fixed_sampling(profile, geometry.LIVENESS_ANSWER_TOKENS)
+    decode = fixed_sampling(profile, geometry.LIVENESS_DECODE_TOKENS)
+    plan: dict[str, dict[str, dict[str, Any]]] = {}
+    if "cold-race" in profile.arms:
+        plan["cold-race"] = {
+            "wave1": shown(answer, geometry.COLD_RACE_IDENTICAL_PROMPTS, asks="fact n - 2"),
+            "wave2": shown(answer, "one per fact", asks="every fact"),
+            "liveness probe": shown(
+                probe, "1 + 1", asks="facts 0, then 1, of a 3 B + 128-token manual"
+            ),
+            "liveness decode": shown(
+                decode,
+                geometry.LIVENESS_DECODE_COPIES,
+                asks="fact 0 of the cold-race manual (drafts read after it)",
+            ),
+        }
+    if "multi-turn" in profile.arms:
+        first = {
+            "requests": geometry.MULTI_TURN_PROMPTS,
+            "temperature": 0.0,
+            "max_tokens": "min_tokens + 64",
+            "min_tokens": (
+                "2 B - m + 96 (m: the manual's tokens; below B = "
+                f"{geometry.MULTI_TURN_FULL_SCALE_BLOCK} the 96 and 64 scale with B)"
+            ),
+            "stop": [],
+            "ignore_eos": profile.ignore_eos,
+            "asks": "the procedure for vault i",
+        }
+        if profile.ignore_eos:
+            first["max_tokens"] = "min_tokens (EOS ignored)"
+        plan["multi-turn"] = {
+            "turn 1": first,
+            "turn 2": shown(
+                answer,
+                geometry.MULTI_TURN_PROMPTS,
+                asks="fact (7 i + 3) mod n after turn 1's prompt and output",
+            ),
+        }
+    return plan

@@ -47,11 +47,12 @@ def run_multi_turn(profile: Profile, model_path: str, timer: PhaseTimer | None =
             low, high = sizes.first_turn_tokens(b, manual_tokens)
             wave1 = prompts.multi_turn_first(manual, geometry.MULTI_TURN_PROMPTS)
             vaults = [prompts.second_turn_vault(i, manual.num_needles) for i in range(len(wave1))]
-            # min_tokens makes decoding cross the second block boundary (under MTP). A
-            # profile that ignores EOS (random weights) decodes exactly `high` tokens.
+            # min_tokens makes decoding cross the second block boundary (under MTP); the
+            # slack above it only bounds where a real model may stop at EOS. A profile that
+            # ignores EOS (random weights) decodes exactly `low` tokens, the crossing itself.
             turn_one = Sampling(
-                max_tokens=high,
-                min_tokens=high if profile.ignore_eos else low,
+                max_tokens=low if profile.ignore_eos else high,
+                min_tokens=low,
                 ignore_eos=profile.ignore_eos,
             )
             turn_two = answer_sampling(profile)
