@@ -113,7 +113,16 @@ def _engine_pytest(session: nox.Session, engine_args: list[str], pytest_args: li
     engine_python = session.run("python", "-m", "repro", "engine-env", *engine_args, silent=True)
     engine_python = engine_python.strip().splitlines()[-1]
     session.run(
-        engine_python, "-m", "pip", "install", "--quiet", "pytest", "hypothesis", external=True
+        # uv: the install-set and CUDA-lock tests resolve with it (the `installset` extra).
+        engine_python,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "pytest",
+        "hypothesis",
+        "uv>=0.13",
+        external=True,
     )
     session.run(
         engine_python,
