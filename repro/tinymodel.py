@@ -4,8 +4,8 @@
 The tiny profile needs a model that vLLM serves with prefix caching and MTP speculative
 decoding on the CPU, that downloads nothing, and in which a wrong cached Mamba state is
 *visible* at the output. Random weights at transformers' defaults forget their recurrent
-state within a token (decay ~0.002 per token, ARCHITECTURE.md), so a corrupted cached state
-hardly moves the logits. The recipe below therefore sets a slow decay and a loud
+state within a token (decay ~0.002 per token, docs/measured.md §Tiny models), so a corrupted
+cached state hardly moves the logits. The recipe below therefore sets a slow decay and a loud
 linear-attention output, and `tests/test_tinymodel.py` checks that a perturbed state
 changes the output.
 
@@ -44,7 +44,8 @@ RECIPE: dict = {
     "num_attention_heads": 2,
     "num_key_value_heads": 1,
     "head_dim": 64,
-    # 64, not 32: the CPU gated-delta-net kernel rejects a head dim of 32 (ARCHITECTURE.md).
+    # 64, not 32: the CPU gated-delta-net kernel rejects a head dim of 32
+    # (docs/measured.md, §Tiny models).
     "linear_key_head_dim": 64,
     "linear_value_head_dim": 64,
     "linear_num_key_heads": 2,

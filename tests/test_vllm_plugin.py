@@ -11,8 +11,8 @@ Two layers of tests:
   ``__main__``.
 
 What the engine tests establish, and why each comparison is meaningful despite the CPU's
-benign nondeterminism (ARCHITECTURE.md): requests are sent one at a time, so every run sees
-the same batch shapes.
+benign nondeterminism (docs/measured.md, §Benign noise on the CPU): requests are sent one
+at a time, so every run sees the same batch shapes.
 
 * Same engine settings, plugin kernels vs. vLLM's own pre-fusion copy paths: bit-identical
   outputs and log-probabilities (the kernels are faithful; nothing else differs).

@@ -1,9 +1,10 @@
 """A Debian base image made here, without a registry: debootstrap a root file system and
 `docker import` it.
 
-Nothing can be pulled on the machines the kit is developed on (ARCHITECTURE.md), so the CPU
-image starts from a local import. An imported image has an image id but no repo digest (it was
-never pushed): the id is what the kit records and pins as `org.opencontainers.image.base.digest`.
+Nothing can be pulled on the machines the kit is developed on (docs/measured.md, §Build machines),
+so the CPU image starts from a local import. An imported image has an image id but no repo digest
+(it was never pushed): the id is what the kit records and pins as
+`org.opencontainers.image.base.digest`.
 
 The recipe (suite, mirror, variant, packages) is hashed into the label `io.repro-kit.base.recipe`;
 an image under the requested tag that carries the same hash is reused, anything else is rebuilt.

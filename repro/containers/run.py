@@ -1,7 +1,7 @@
 """Run `python -m repro run …` inside one of the kit's images.
 
 The container adds isolation and pinning, nothing else: the command inside is the one a bare
-host runs (ARCHITECTURE.md), with the network off, the model mounted read-only at /model, the
+host runs (docs/measured.md), with the network off, the model mounted read-only at /model, the
 output directory mounted read-write at /out and `HF_HUB_OFFLINE=1`. GPUs are passed through
 device requests only when the profile runs on CUDA.
 

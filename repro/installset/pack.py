@@ -2,8 +2,8 @@
 
 Why a staging install and not the wheels themselves: the host then needs no pip and no
 wheel logic, only tar and xz (both in Python's standard library), and xz compresses the
-unpacked vLLM libraries far better than the wheel's zip does (ARCHITECTURE.md: 212 MiB for
-the whole set, against 304 MB for the vLLM wheel alone).
+unpacked vLLM libraries far better than the wheel's zip does (docs/measured.md, §GPU hosts:
+212 MiB for the whole set, against 304 MB for the vLLM wheel alone).
 
 ``pip install --target --no-deps --no-compile`` with the host's ``--python-version`` and
 ``--platform`` works from any build Python: it unpacks the wheels, writes their

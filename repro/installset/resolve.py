@@ -19,10 +19,9 @@ reports a conflict that names a stub, that host package moves from the constrain
 overrides and uv runs again. Every mismatch is recorded (see ``graph.target_walk``).
 
 ``exclude`` removes packages from the resolution with everything only they need (uv's
-``--excludes``). For vLLM, ``VLLM_OPTIONAL`` names the optional GPU-kernel and codec libraries
-that ``from vllm import LLM`` does not import (ARCHITECTURE.md's H200 run worked without
-them). Their presence would change vLLM's backend choices, and they are most of the closure's
-size.
+``--excludes``). For vLLM, ``VLLM_OPTIONAL`` names the optional GPU-kernel and codec libraries that
+``from vllm import LLM`` does not import (docs/measured.md, §GPU hosts: the H200 run worked without
+them). Their presence would change vLLM's backend choices, and they are most of the closure's size.
 """
 
 from __future__ import annotations
