@@ -480,12 +480,7 @@ def build_cpu_image(
     record = {
         "schema": "repro-kit/image-record",
         "schema_version": 1,
-        "image": {
-            "id": image.id,
-            "tags": sorted(image.tags),
-            "repo_digests": image.attrs.get("RepoDigests") or [],
-            "size_bytes": image.attrs.get("Size", 0),
-        },
+        "image": image_section(image),
         "variant": "cpu",
         "labels": dict(image.labels or {}),
         "build_args": build_args,
@@ -509,6 +504,16 @@ def build_cpu_image(
     record_path = out_dir / f"{safe}.json"
     write_json_atomic(record_path, record)
     return BuiltImage(tag, image.id, record_path, record)
+
+
+def image_section(image) -> dict[str, Any]:
+    """The `image` section of an image record: what the daemon says of a built image."""
+    return {
+        "id": image.id,
+        "tags": sorted(image.tags),
+        "repo_digests": image.attrs.get("RepoDigests") or [],
+        "size_bytes": image.attrs.get("Size", 0),
+    }
 
 
 def _run_build(

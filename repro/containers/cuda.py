@@ -540,12 +540,7 @@ def build_cuda_image(
     record = {
         "schema": "repro-kit/image-record",
         "schema_version": 1,
-        "image": {
-            "id": image.id,
-            "tags": sorted(image.tags),
-            "repo_digests": image.attrs.get("RepoDigests") or [],
-            "size_bytes": image.attrs.get("Size", 0),
-        },
+        "image": build_mod.image_section(image),
         "variant": "cuda",
         "labels": dict(image.labels or {}),
         "build_args": build_args,
