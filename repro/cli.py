@@ -7,6 +7,7 @@ run         run a profile's arms here (or, with --container, in an image) and wr
 arm         (internal) one arm in this process; `run` starts it as a child
 engine-env  make (or reuse) an engine environment and print its python
 tiny-model  build (or find) the tiny model and print its directory
+train-tiny  check the committed trained needle model (--retrain: train it again, on a GPU)
 validate    validate artifact files against the schema
 fetch-weights   download a profile's model at a pinned commit and write its sha256 manifest
 verify-weights  re-hash a fetched snapshot against its manifest (offline)
@@ -107,6 +108,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--profile", default="tiny")
     run.add_argument("--model-path", help="local model directory (default: the profile's)")
     run.add_argument(
+        "--model",
+        metavar="REPO_OR_PATH",
+        help="run the needle arms on a hybrid MTP model the kit has no profile for: a local "
+        "checkpoint folder, or a Hub repo already in the local cache (its config.json is "
+        "checked first)",
+    )
+    run.add_argument(
+        "--tp", type=int, default=None, help="with --model: tensor parallel size (default: GPUs)"
+    )
+    run.add_argument(
         "--device", choices=["cpu", "cuda"], help="run the tiny profile on another device"
     )
     run.add_argument(
@@ -138,6 +149,18 @@ def build_parser() -> argparse.ArgumentParser:
     model = sub.add_parser("tiny-model", help="build the tiny model, print its directory")
     model.add_argument("--cache", type=Path, default=None)
     model.add_argument("--family", default="qwen3-next", choices=tinymodel.FAMILIES)
+
+    train = sub.add_parser(
+        "train-tiny", help="check the trained needle model's checkpoint, or --retrain it"
+    )
+    train.add_argument(
+        "--retrain",
+        action="store_true",
+        help="train it again from repro/needle_train.py's recipe (minutes on a GPU) and "
+        "replace the checkpoint (or write to --out)",
+    )
+    train.add_argument("--out", type=Path, default=None, help="with --retrain: write here")
+    train.add_argument("--device", default=None, help="with --retrain: torch device")
 
     patch = sub.add_parser(
         "patch", help="apply Python-only diffs to the vLLM in a directory (bare GPU hosts)"
@@ -509,9 +532,13 @@ def _pinned_snapshot(profile) -> tuple[Path, str]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from repro import envinfo, preflight, runner, summary
+    from repro import envinfo, preflight
     from repro.profiles import get_profile
 
+    if args.model:
+        return _run_model(args)
+    if args.tp is not None:
+        raise ReproError("--tp goes with --model (a profile fixes its tensor parallel size)")
     if args.container:
         return _run_in_container(args, profile_name=args.profile)
     if args.image:
@@ -522,12 +549,40 @@ def cmd_run(args: argparse.Namespace) -> int:
     preflight.check_hardware(profile, envinfo.collect_hardware())
     if profile.tiny_model is None:
         _check_weights_pin(profile, args.model_path, args)
-    if args.model_path:
+    return _run_profile(args, profile, model_path=None)
+
+
+def _run_model(args: argparse.Namespace) -> int:
+    """`run --model`: the model's config first, then the GPUs, then the arms."""
+    from repro import envinfo, model_config, preflight
+    from repro.profiles import for_model
+
+    for flag, given in (("--container", args.container), ("--model-path", args.model_path)):
+        if given:
+            raise ReproError(f"{flag} does not go with --model (the model is run where it is)")
+    model_config.check_model(args.model)
+    model_dir = model_config.config_path(args.model).parent
+    hardware = envinfo.collect_hardware()
+    tp = args.tp if args.tp is not None else len(hardware.get("gpus") or [])
+    if tp < 1:
+        raise ReproError(
+            "--model runs on NVIDIA GPUs and none was found (nvidia-smi); run it on a GPU "
+            "host, or pass --tp N there to use fewer GPUs than it has"
+        )
+    profile = for_model(args.model, tensor_parallel_size=tp)
+    preflight.check_hardware(profile, hardware)
+    return _run_profile(args, profile, model_path=str(model_dir.resolve()))
+
+
+def _run_profile(args: argparse.Namespace, profile, *, model_path: str | None) -> int:
+    from repro import runner, summary
+
+    if model_path is None and args.model_path:
         model_path = str(Path(args.model_path).resolve())
-    elif profile.tiny_model is not None:
+    elif model_path is None and profile.tiny_model is not None:
         recipe = tinymodel.recipe_for(profile.tiny_model)
         model_path = str(tinymodel.ensure_tiny_model(recipe=recipe))
-    else:
+    elif model_path is None:
         raise ReproError(
             f"profile {profile.name!r} needs --model-path: the local snapshot directory of "
             f"{profile.model} (offline runs never resolve repo ids)"
@@ -572,6 +627,19 @@ def cmd_releases(args: argparse.Namespace) -> int:
 
 def cmd_tiny_model(args: argparse.Namespace) -> int:
     print(tinymodel.ensure_tiny_model(args.cache, recipe=tinymodel.recipe_for(args.family)))
+    return 0
+
+
+def cmd_train_tiny(args: argparse.Namespace) -> int:
+    from repro import tiny_needle
+
+    if not args.retrain:
+        if args.out or args.device:
+            raise ReproError("--out and --device go with --retrain")
+        record = tiny_needle.verify()
+        print(json.dumps({"checkpoint": str(tiny_needle.CHECKPOINT), **record["metrics"]}))
+        return 0
+    print(tiny_needle.retrain(args.out, device=args.device))
     return 0
 
 
@@ -879,6 +947,7 @@ COMMANDS = {
     "engine-env": cmd_engine_env,
     "releases": cmd_releases,
     "tiny-model": cmd_tiny_model,
+    "train-tiny": cmd_train_tiny,
     "patch": cmd_patch,
     "validate": cmd_validate,
     "fetch-weights": cmd_fetch_weights,

@@ -30,6 +30,8 @@ COUNTER_NAMES = {
 SETTLE_READS = 3
 SETTLE_INTERVAL_S = 0.05
 SETTLE_TIMEOUT_S = 10.0
+# Upstream waits this long for the liveness probe's hits to show before calling them zero.
+LIVENESS_POLL_S = 30.0
 
 # Boot errors that mean "this block geometry cannot run the arm", not "the engine is broken".
 _GEOMETRY_BOOT_ERRORS = (
@@ -98,6 +100,8 @@ class Sampling:
     min_tokens: int = 0
     ignore_eos: bool = False
     logprobs: int = 8
+    # Stop strings (upstream's answers stop at the first newline).
+    stop: tuple[str, ...] = ()
 
 
 class Engine:
@@ -219,7 +223,9 @@ class Engine:
         return inner.scheduler
 
     def count_tokens(self, text: str) -> int:
-        return len(self.llm.get_tokenizer().encode(text, add_special_tokens=False))
+        """Tokens of `text` as a prompt, special tokens included (as vLLM encodes a text prompt
+        and upstream sizes its manuals)."""
+        return len(self.llm.get_tokenizer().encode(text))
 
     # -- work ------------------------------------------------------------------------------
     def generate(self, prompts: list[str | list[int]], sampling: Sampling) -> list[Completion]:
@@ -232,6 +238,7 @@ class Engine:
             min_tokens=sampling.min_tokens,
             ignore_eos=sampling.ignore_eos,
             logprobs=sampling.logprobs,
+            stop=list(sampling.stop) or None,
         )
         batch = [p if isinstance(p, str) else {"prompt_token_ids": list(p)} for p in prompts]
         outputs = self.llm.generate(batch, params, use_tqdm=False)
@@ -248,6 +255,21 @@ class Engine:
             if same >= SETTLE_READS or time.monotonic() > deadline:
                 return current
             time.sleep(SETTLE_INTERVAL_S)
+
+    def counters_moved(
+        self, baseline: Counters, field_name: str, timeout_s: float = LIVENESS_POLL_S
+    ) -> Counters:
+        """Counter totals once `field_name` has moved past `baseline`, or after `timeout_s`.
+
+        Upstream's settled delta: aggregation can lag generate(), so a zero read at once may
+        be a late one; a delta still zero after the wait is a real zero.
+        """
+        deadline = time.monotonic() + timeout_s
+        current = self.counters()
+        while getattr(current - baseline, field_name) <= 0 and time.monotonic() < deadline:
+            time.sleep(1.0)
+            current = self.counters()
+        return current
 
     def _read_counters(self) -> Counters:
         totals = dict.fromkeys(COUNTER_NAMES, 0)

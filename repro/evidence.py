@@ -118,6 +118,7 @@ def fill_result(
         "noise_multiplier": grading.NOISE_MULTIPLIER if threshold else None,
         "flip_margin": grading.FLIP_MARGIN,
         "control_spread_gate": grading.CONTROL_SPREAD_GATE if threshold else None,
+        "rules": grading.RULES_UPSTREAM,
     }
     grades = {g.name: g for g in verdict.waves}
     doc["figures"] = {
@@ -141,7 +142,10 @@ def fill_result(
 
 
 def verdict_section(verdict: grading.Verdict) -> dict[str, Any]:
-    return {"status": verdict.status, "gate": verdict.gate, "reason": verdict.reason}
+    section = {"status": verdict.status, "gate": verdict.gate, "reason": verdict.reason}
+    if verdict.outcome is not None:
+        section["outcome"] = verdict.outcome
+    return section
 
 
 def _wave_figures(
@@ -225,13 +229,17 @@ def regrade(doc: dict[str, Any], *, as_recorded: bool = False) -> grading.Verdic
     apc = doc["counters"]["apc"]
     graded_waves = [w.name for w in waves]
     live = doc["figures"].get("liveness")
+    # Artifacts from before the rules were recorded were graded by the kit's own.
+    rules = (doc.get("signal") or {}).get("rules") or grading.RULES_KIT
+    # Upstream reads drafts after the liveness probe's long decode: every APC counter entry.
+    draft_runs = list(apc) if rules == grading.RULES_UPSTREAM else graded_waves
     return grading.grade(
         signal=doc["signal"]["kind"],
         waves=waves,
         engagement=grading.Engagement(
             prefix_cache_queries=sum(apc[w]["prefix_cache_queries"] for w in graded_waves),
             prefix_cache_hits=sum(apc[w]["prefix_cache_hits"] for w in graded_waves),
-            spec_decode_num_drafts=sum(apc[w]["spec_decode_num_drafts"] for w in graded_waves),
+            spec_decode_num_drafts=sum(apc[w]["spec_decode_num_drafts"] for w in draft_runs),
             cached_prompt_tokens=sum(
                 r["num_cached_tokens"] or 0
                 for fig in doc["figures"]["waves"]
@@ -254,6 +262,8 @@ def regrade(doc: dict[str, Any], *, as_recorded: bool = False) -> grading.Verdic
             if as_recorded
             else grading.CONTROL_SPREAD_GATE
         ),
+        rules=rules,
+        require_hits=grading.requires_hits(doc["arm"], rules),
     )
 
 

@@ -1,9 +1,14 @@
 """Prompt and decode sizes of each arm, in multiples of the Mamba block size B.
 
-Upstream's arms are defined against B: the cold-race prompt must straddle exactly one block
-boundary, the multi-turn decode must cross the second. The kit measures B on the booted
-engine (`engine.Engine.geometry`) and derives every size here, so the same arm runs on a
-120B model with B in the thousands and on the tiny model with B of a hundred or so.
+Upstream's arms are defined against B: the cold-race manual must straddle exactly one block
+boundary, the multi-turn first turn must decode across the second. The kit measures B on the
+booted engine (`engine.Engine.geometry`) and derives every size here, so the same arm runs on
+a 120B model with B in the thousands and on the tiny models with B of a hundred or so.
+
+The constants are upstream's (`docs/fidelity.md` lists them). One rule is scaled: the
+multi-turn offsets (192, 48, 96, 64 tokens) assume B of several hundred; below
+`MULTI_TURN_FULL_SCALE_BLOCK` they shrink in proportion to B, so that the first turn still
+ends inside the second block.
 """
 
 from __future__ import annotations
@@ -12,39 +17,60 @@ from dataclasses import dataclass
 
 from repro.errors import GeometryUnsupported
 
-# Cold-race: one prompt of ~1.35 B, so its prefill spans the first block boundary and the
-# racing requests can cache (or wrongly cache) the state at that boundary.
+# Cold-race: a manual of int(1.35 B) tokens (question excluded), strictly within
+# 1.05 B .. 1.95 B, so its prefill spans the first block boundary and the racing requests can
+# cache (or wrongly cache) the state there.
 COLD_RACE_PROMPT_FACTOR = 1.35
 COLD_RACE_MIN_FACTOR = 1.05
 COLD_RACE_MAX_FACTOR = 1.95
 COLD_RACE_IDENTICAL_PROMPTS = 16
-# Wave 2 asks about each vault of the same haystack: it resumes from wave 1's cached blocks.
-COLD_RACE_VAULTS = 8
-COLD_RACE_OUTPUT_TOKENS = 8
+# Answers: greedy, at most 24 tokens, stopped at the first newline.
+ANSWER_MAX_TOKENS = 24
+ANSWER_STOP = ("\n",)
+# Log-prob profiles (random weights) answer in exactly this many tokens instead (the signal is
+# the first token; see `repro.arms.common.answer_sampling`).
+LOGPROB_ANSWER_TOKENS = 8
 
-# Liveness probe: a prompt of 3 B + 128 tokens, sent twice; the second must hit the cache.
+# Liveness probe: a manual of 3 B + 128 tokens, asked about fact 0 and then fact 1 with
+# 8-token answers; then the cold-race prompt of fact 0, four times, with a 128-token decode
+# (it proves drafts and flushes the counters). Needs 3 B + 512 <= max_model_len.
 LIVENESS_EXTRA_TOKENS = 128
+LIVENESS_HEADROOM_TOKENS = 512
+LIVENESS_ANSWER_TOKENS = 8
+LIVENESS_DECODE_COPIES = 4
+LIVENESS_DECODE_TOKENS = 128
 
-# Multi-turn: upstream sends prompts of 2 B - 192 and decodes past 2 B. For a small B the 192
-# is scaled down to B/2 so the prompt still ends inside the second block.
+# Multi-turn: one manual of m ~ 2 B - 192 tokens with B < m < 2 B - 48; the first turn decodes
+# at least 2 B - m + 96 tokens (at most that + 64), so it crosses the 2 B boundary under MTP;
+# the second turn must fit: m + min + 64 + 128 <= max_model_len.
 MULTI_TURN_PROMPTS = 32
-MULTI_TURN_DECODE_RESERVE = 192
-MULTI_TURN_VAULTS = 2
-MULTI_TURN_FOLLOW_UP_TOKENS = 8
+MULTI_TURN_RESERVE = 192
+MULTI_TURN_UPPER_MARGIN = 48
+MULTI_TURN_OVERSHOOT = 96
+MULTI_TURN_SLACK = 64
+MULTI_TURN_SECOND_TURN_ROOM = 128
+# Below this block size 2 B - 192 would not even reach the second block; the offsets scale.
+MULTI_TURN_FULL_SCALE_BLOCK = 384
 
 
 @dataclass(frozen=True)
 class ColdRaceSizes:
-    prompt_tokens: int
-    output_tokens: int
-    liveness_prompt_tokens: int
+    manual_tokens: int  # the target; the built manual is checked by `check_cold_race_manual`
+    liveness_manual_tokens: int
 
 
 @dataclass(frozen=True)
 class MultiTurnSizes:
-    prompt_tokens: int
-    decode_tokens: int
-    follow_up_tokens: int
+    manual_tokens: int  # the target
+    lower_bound: int  # the built manual must lie strictly between these
+    upper_bound: int
+    overshoot: int
+    slack: int
+
+    def first_turn_tokens(self, mamba_block_size: int, built_manual_tokens: int) -> tuple[int, int]:
+        """(min_tokens, max_tokens) of the first turn for the manual actually built."""
+        low = 2 * mamba_block_size - built_manual_tokens + self.overshoot
+        return low, low + self.slack
 
 
 def cold_race_sizes(
@@ -57,45 +83,56 @@ def cold_race_sizes(
             f"max_num_batched_tokens={max_num_batched_tokens}: a block can never be "
             f"scheduled whole; lower the block size or raise the budget"
         )
-    liveness = 3 * b + LIVENESS_EXTRA_TOKENS
-    if liveness + COLD_RACE_OUTPUT_TOKENS > max_model_len:
+    if 3 * b + LIVENESS_HEADROOM_TOKENS > max_model_len:
         raise GeometryUnsupported(
-            f"liveness probe needs {liveness + COLD_RACE_OUTPUT_TOKENS} tokens "
-            f"(3 B + {LIVENESS_EXTRA_TOKENS} with B={b}) but max_model_len={max_model_len}"
+            f"the liveness probe needs 3 B + {LIVENESS_HEADROOM_TOKENS} = "
+            f"{3 * b + LIVENESS_HEADROOM_TOKENS} tokens with B={b}, but "
+            f"max_model_len={max_model_len}; without it a clean result could not be told "
+            f"from a disabled cache"
         )
     return ColdRaceSizes(
-        prompt_tokens=round(COLD_RACE_PROMPT_FACTOR * b),
-        output_tokens=COLD_RACE_OUTPUT_TOKENS,
-        liveness_prompt_tokens=liveness,
+        manual_tokens=int(COLD_RACE_PROMPT_FACTOR * b),
+        liveness_manual_tokens=3 * b + LIVENESS_EXTRA_TOKENS,
     )
 
 
-def check_cold_race_prompt(prompt_tokens: int, mamba_block_size: int) -> None:
-    """The built prompt must straddle exactly one block boundary (1.05 B .. 1.95 B)."""
+def check_cold_race_manual(manual_tokens: int, mamba_block_size: int) -> None:
+    """The built manual must lie strictly between 1.05 B and 1.95 B."""
     low = COLD_RACE_MIN_FACTOR * mamba_block_size
     high = COLD_RACE_MAX_FACTOR * mamba_block_size
-    if not low <= prompt_tokens <= high:
+    if not low < manual_tokens < high:
         raise GeometryUnsupported(
-            f"cold-race prompt has {prompt_tokens} tokens; it must lie within "
-            f"{low:.0f}..{high:.0f} (1.05 B .. 1.95 B with B={mamba_block_size})"
+            f"the cold-race manual has {manual_tokens} tokens; it must lie strictly between "
+            f"{low:.1f} and {high:.1f} (1.05 B and 1.95 B with B={mamba_block_size})"
         )
 
 
 def multi_turn_sizes(mamba_block_size: int, *, max_model_len: int) -> MultiTurnSizes:
     b = mamba_block_size
-    reserve = min(MULTI_TURN_DECODE_RESERVE, b // 2)
-    prompt = 2 * b - reserve
-    # Decode past the 2 B boundary by an eighth of a block, so the second block fills during
-    # speculative decode and its Mamba state is cached from there.
-    decode = reserve + max(16, b // 8)
-    turn_two = prompt + decode + MULTI_TURN_FOLLOW_UP_TOKENS + 64
-    if turn_two > max_model_len:
-        raise GeometryUnsupported(
-            f"multi-turn second turn needs about {turn_two} tokens with B={b}, "
-            f"but max_model_len={max_model_len}"
-        )
-    return MultiTurnSizes(
-        prompt_tokens=prompt,
-        decode_tokens=decode,
-        follow_up_tokens=MULTI_TURN_FOLLOW_UP_TOKENS,
+    scale = min(1.0, b / MULTI_TURN_FULL_SCALE_BLOCK)
+    sizes = MultiTurnSizes(
+        manual_tokens=2 * b - round(MULTI_TURN_RESERVE * scale),
+        lower_bound=b,
+        upper_bound=2 * b - round(MULTI_TURN_UPPER_MARGIN * scale),
+        overshoot=round(MULTI_TURN_OVERSHOOT * scale),
+        slack=round(MULTI_TURN_SLACK * scale),
     )
+    low, high = sizes.first_turn_tokens(b, sizes.manual_tokens)
+    needed = sizes.manual_tokens + high + MULTI_TURN_SECOND_TURN_ROOM
+    if needed > max_model_len:
+        raise GeometryUnsupported(
+            f"the multi-turn second turn needs about {needed} tokens with B={b} "
+            f"(manual {sizes.manual_tokens}, first turn up to {high}, question room "
+            f"{MULTI_TURN_SECOND_TURN_ROOM}), but max_model_len={max_model_len}"
+        )
+    return sizes
+
+
+def check_multi_turn_manual(sizes: MultiTurnSizes, manual_tokens: int, b: int) -> None:
+    """The built manual must end inside the second block, short of its end."""
+    if not sizes.lower_bound < manual_tokens < sizes.upper_bound:
+        raise GeometryUnsupported(
+            f"the multi-turn manual has {manual_tokens} tokens; it must lie strictly between "
+            f"{sizes.lower_bound} and {sizes.upper_bound} (B and 2 B - "
+            f"{2 * b - sizes.upper_bound} with B={b}) so the first turn decodes across 2 B"
+        )

@@ -7,13 +7,20 @@ Gates, in order:
   1. control quality: a control that cannot answer (needle), whose benign noise is too
      high to measure against, or whose answers to identical prompts disagree beyond the
      threshold (logprob) is no yardstick;
-  2. engagement: the APC run must have prefix-cache queries, hits and speculative drafts;
+  2. engagement: the APC run must have prefix-cache queries and speculative drafts, and
+     hits where the arm needs them (multi-turn; under upstream's rules not cold-race, whose
+     liveness probe proves the cache instead);
   3. corruption: margin-graded and one-sided. Benign batch nondeterminism moves requests
      both ways; corruption moves only requests that read the cache (logprob) or only turns
      correct answers into misses (needle);
   4. liveness (cold-race): the cache must still produce hits afterwards, or a quiet cache
      could pass for a cure.
 Geometry is checked before any wave runs (see `repro.geometry`).
+
+Rules. `RULES_UPSTREAM` grades as upstream's test does (needle control quality, no hits
+required in the cold-race trigger waves, outcomes kept apart: `OUTCOMES`); `RULES_KIT` is
+how the kit graded before it, kept so that older artifacts (which do not record their rules)
+re-derive the verdicts they were given. `docs/fidelity.md` lists every rule.
 
 Signals:
   - needle: a request "misses" when its code is not in the output. A forward flip is a
@@ -37,8 +44,23 @@ FLIP_MARGIN = 2
 # Cold-race wave 1 (needle): distinct outputs of 16 identical prompts may exceed the
 # control's by this many.
 DISTINCT_MARGIN = 1
-# Needle control quality: the control must answer at least this share of each graded wave.
+# Needle control quality under RULES_KIT: the control must answer at least this share of each
+# graded wave. Under RULES_UPSTREAM: the control fails only if it misses every answer of a
+# wave of identical prompts, or more than half of any other graded wave (upstream: all 16
+# cold-race wave-1 answers; more than n // 2 of wave 2; more than 16 of the 32 second turns).
 CONTROL_MIN_RECALL = 0.5
+
+RULES_KIT = "kit-2026-11"
+RULES_UPSTREAM = "upstream-pr48361"
+RULES = (RULES_KIT, RULES_UPSTREAM)
+
+# Upstream's cold-race outcomes, kept apart in the verdict (`Verdict.outcome`):
+OUTCOMES = (
+    "corrupted",  # a corruption check fired
+    "clean-engaged",  # clean, and the trigger waves hit the cache
+    "clean-zero-trigger-hits",  # clean, trigger waves at zero hits, liveness probe hit
+    "zero-hit",  # liveness probe got no hits: caching effectively disabled (inconclusive)
+)
 
 # Logprob signal. Measured on the CPU build with MTP: benign divergences come in steps of
 # bf16 rounding (0.0002, 0.008, 0.016, 0.023, 0.031) with rare outliers (0.077 once in 32
@@ -159,6 +181,8 @@ class Verdict:
     reason: str
     threshold: Threshold | None = None
     waves: tuple[WaveGrade, ...] = field(default_factory=tuple)
+    # One of OUTCOMES where the arm reached the corruption test; None at the earlier gates.
+    outcome: str | None = None
 
 
 def divergence(apc_first: dict[int, float], control_first: dict[int, float]) -> float:
@@ -240,7 +264,7 @@ def grade_wave(wave: Wave, signal: str, threshold: Threshold | None) -> WaveGrad
             f"{wave.name}: {forward} forward flips vs {reverse} reverse (margin {FLIP_MARGIN})"
         )
     if wave.graded and wave.distinct_rule and signal == "needle":
-        if wave.apc_distinct_outputs > wave.control_distinct_outputs + DISTINCT_MARGIN:
+        if wave.apc_distinct_outputs > max(wave.control_distinct_outputs, 1) + DISTINCT_MARGIN:
             violations.append(
                 f"{wave.name}: {len(wave.requests)} identical prompts gave "
                 f"{wave.apc_distinct_outputs} distinct outputs; control: "
@@ -270,29 +294,30 @@ def grade(
     liveness: Liveness | None,
     extra_noise: Iterable[float] = (),
     control_spread_gate: bool = CONTROL_SPREAD_GATE,
+    rules: str = RULES_KIT,
+    require_hits: bool = True,
 ) -> Verdict:
     """The verdict of one arm, from its recorded figures, gates in upstream's order.
 
     `extra_noise` is the spread of the control's answers to identical prompts (cold-race);
     with `control_spread_gate`, any of it above the threshold makes the control too weak.
+    `require_hits` says whether the engagement gate needs hits; upstream's rules do not for
+    cold-race, whose liveness probe separates a cure (trigger waves at zero hits, probe hits)
+    from a disabled cache.
     """
     if signal not in ("needle", "logprob"):
         raise ValueError(f"unknown signal {signal!r}; expected 'needle' or 'logprob'")
+    if rules not in RULES:
+        raise ValueError(f"unknown grading rules {rules!r}; expected one of {RULES}")
     graded = [w for w in waves if w.graded]
     extra_noise = list(extra_noise)
 
     # 1. Control quality.
     threshold: Threshold | None = None
     if signal == "needle":
-        for wave in graded:
-            answered = sum(1 for r in wave.requests if not r.control_miss)
-            if answered < CONTROL_MIN_RECALL * len(wave.requests):
-                return Verdict(
-                    "inconclusive",
-                    "control_quality",
-                    f"control answered {answered}/{len(wave.requests)} of {wave.name}; "
-                    f"needs at least {CONTROL_MIN_RECALL:.0%} to grade the cache",
-                )
+        weak = _weak_needle_control(graded, rules)
+        if weak:
+            return Verdict("inconclusive", "control_quality", weak)
     else:
         threshold = logprob_threshold(noise_sample(waves, extra_noise))
         if threshold.noise_samples < MIN_NOISE_SAMPLES:
@@ -326,12 +351,12 @@ def grade(
     # 2. Engagement.
     missing = [
         name
-        for name, value in (
-            ("prefix-cache queries", engagement.queries_seen),
-            ("prefix-cache hits", engagement.hits_seen),
-            ("speculative drafts", engagement.spec_decode_num_drafts),
+        for name, value, needed in (
+            ("prefix-cache queries", engagement.queries_seen, True),
+            ("prefix-cache hits", engagement.hits_seen, require_hits),
+            ("speculative drafts", engagement.spec_decode_num_drafts, True),
         )
-        if value <= 0
+        if needed and value <= 0
     ]
     if missing:
         return Verdict(
@@ -349,11 +374,16 @@ def grade(
     violations = [v for g in wave_grades for v in g.violations]
     if violations:
         return Verdict(
-            "corrupted", None, "; ".join(violations), threshold=threshold, waves=wave_grades
+            "corrupted",
+            None,
+            "; ".join(violations),
+            threshold=threshold,
+            waves=wave_grades,
+            outcome=_outcome("corrupted", rules),
         )
 
     # 4. Liveness.
-    if liveness is not None and not liveness.passed:
+    if liveness is not None and not liveness.passed and rules == RULES_KIT:
         return Verdict(
             "inconclusive",
             "liveness",
@@ -362,6 +392,29 @@ def grade(
             f"{liveness.cached_tokens} cached tokens on the second send: the cache went quiet",
             threshold=threshold,
             waves=wave_grades,
+            outcome=_outcome("zero-hit", rules),
+        )
+    if liveness is not None and not liveness.passed:
+        return Verdict(
+            "inconclusive",
+            "liveness",
+            f"zero-hit: the liveness probe (a {liveness.prompt_tokens}-token manual) got "
+            f"{liveness.hits} hits of {liveness.queries} queries and "
+            f"{liveness.cached_tokens} cached tokens: caching is effectively disabled, so a "
+            f"clean trigger-wave result would be vacuous",
+            threshold=threshold,
+            waves=wave_grades,
+            outcome=_outcome("zero-hit", rules),
+        )
+    if engagement.hits_seen > 0:
+        outcome, engaged = "clean-engaged", "engaged with "
+    else:
+        # Only reachable without require_hits (and so with a liveness probe that hit).
+        outcome = "clean-zero-trigger-hits"
+        engaged = (
+            f"trigger waves at zero hits while the liveness probe hit "
+            f"({liveness.hits if liveness else 0} hits, "
+            f"{liveness.cached_tokens if liveness else 0} cached tokens): "
         )
 
     summary = ", ".join(
@@ -378,12 +431,51 @@ def grade(
     return Verdict(
         "clean",
         None,
-        f"no one-sided flips past margin {FLIP_MARGIN}: {detail}{summary}; engaged with "
+        f"no one-sided flips past margin {FLIP_MARGIN}: {detail}{summary}; {engaged}"
         f"{engagement.prefix_cache_hits} hits of {engagement.prefix_cache_queries} queries"
         f"{_cached_tokens_note(engagement)}, {engagement.spec_decode_num_drafts} drafts",
         threshold=threshold,
         waves=wave_grades,
+        outcome=_outcome(outcome, rules),
     )
+
+
+def _outcome(outcome: str, rules: str) -> str | None:
+    """Outcomes are recorded under upstream's rules; older artifacts carry none."""
+    return outcome if rules == RULES_UPSTREAM else None
+
+
+def requires_hits(arm: str, rules: str) -> bool:
+    """Whether the engagement gate needs prefix-cache hits in `arm`'s graded waves.
+
+    Upstream's cold-race does not (`require_hits=False`): with the fix in, a prompt under two
+    blocks legitimately gets none under MTP, and the liveness probe proves the cache alive.
+    """
+    return not (rules == RULES_UPSTREAM and arm == "cold-race")
+
+
+def _weak_needle_control(graded: list[Wave], rules: str) -> str | None:
+    """Why the control's recall cannot grade the cache, or None when it can."""
+    for wave in graded:
+        n = len(wave.requests)
+        misses = sum(1 for r in wave.requests if r.control_miss)
+        if rules == RULES_KIT:
+            if n - misses < CONTROL_MIN_RECALL * n:
+                return (
+                    f"control answered {n - misses}/{n} of {wave.name}; "
+                    f"needs at least {CONTROL_MIN_RECALL:.0%} to grade the cache"
+                )
+        elif wave.distinct_rule and misses == n:
+            return (
+                f"control (APC off) missed all {n} answers of {wave.name}: the model cannot "
+                f"recall this fact, so the APC run's answers cannot be graded"
+            )
+        elif not wave.distinct_rule and misses > n // 2:
+            return (
+                f"control (APC off) missed {misses}/{n} of {wave.name}, more than {n // 2}: "
+                f"the model recalls too little for the APC run's answers to be graded"
+            )
+    return None
 
 
 def _cached_tokens_note(engagement: Engagement) -> str:

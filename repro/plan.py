@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from repro import weights
+from repro.arms.common import sampling_plan
 from repro.errors import HardwareUnavailable
 from repro.preflight import GIB, check_hardware
 from repro.profiles import Profile
@@ -44,6 +45,12 @@ UNRESOLVED = "unresolved: first fetch pins it"
 # Known sizes of the profiles' checkpoints: (parameters, bytes per parameter, where from).
 MODEL_SIZES: dict[str, tuple[float, int, str]] = {
     "Qwen/Qwen3.6-27B-FP8": (27e9, 1, "27B parameters (model name), FP8 weights"),
+    "Qwen/Qwen3.5-4B": (4e9, 2, "4B parameters (model name), BF16 weights"),
+    "nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-BF16": (
+        30e9,
+        2,
+        "30B parameters in total (model name; 3B active per token), BF16 weights",
+    ),
     "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16": (
         120e9,
         2,
@@ -93,6 +100,8 @@ def _runs(profile: Profile) -> dict[str, dict[str, Any]]:
                     f"{profile.cold_race_budget_blocks} x Mamba block size (measured at boot)"
                 )
                 per_arm[run] = settings
+            # Upstream's multi-turn leaves max_num_seqs to vLLM (all 32 requests at once).
+            per_arm[run].setdefault("max_num_seqs", "vLLM default")
         runs[arm] = per_arm
     return runs
 
@@ -262,6 +271,7 @@ def build_plan(
             },
         },
         "runs": _runs(profile),
+        "sampling": sampling_plan(profile),
         "environment": {**profile.engine_env(), "HF_HUB_OFFLINE": "1"},
         "weights": weights_section,
         "container": container,
@@ -342,5 +352,21 @@ def print_plan(doc: dict[str, Any], *, with_json: bool = True) -> None:
         cells = [doc["runs"][arm][run].get(key, "-") for arm, run in columns]
         settings.add_row(key, *(json.dumps(c) if not isinstance(c, str) else c for c in cells))
     console.print(settings)
+
+    sampling = Table(title="sampling (greedy; B = Mamba block size, n = facts in the manual)")
+    for column in ("arm", "requests", "asks", "max_tokens", "min_tokens", "stop", "ignore_eos"):
+        sampling.add_column(column, style="bold" if column == "arm" else None)
+    for arm, groups in doc["sampling"].items():
+        for name, s in groups.items():
+            sampling.add_row(
+                f"{arm}: {name}",
+                str(s["requests"]),
+                s["asks"],
+                str(s["max_tokens"]),
+                str(s["min_tokens"]),
+                json.dumps(s["stop"]),
+                str(s["ignore_eos"]),
+            )
+    console.print(sampling)
     if with_json:
         print(json.dumps(doc, indent=2))

@@ -30,7 +30,8 @@ def engagement(doc: dict[str, Any]) -> dict[str, int] | None:
     counters = (doc.get("counters") or {}).get("apc")
     if not counters:
         return None
-    waves = [c for name, c in counters.items() if name != "liveness"]
+    # The probe's entries ("liveness", and "liveness_baseline" under upstream's rules).
+    waves = [c for name, c in counters.items() if not name.startswith("liveness")]
     return {
         "queries": sum(c["prefix_cache_queries"] for c in waves),
         "hits": sum(c["prefix_cache_hits"] for c in waves),
@@ -84,10 +85,21 @@ def result_text(doc: dict[str, Any]) -> str:
         signal = doc.get("signal") or {}
         if signal.get("kind") == "logprob" and signal.get("threshold") is not None:
             text += f" (log-prob threshold {signal['threshold']:.4f})"
+        if verdict.get("outcome") == "clean-zero-trigger-hits":
+            text += f" · {_zero_trigger_hits(doc)}"
         return f"{mark} **{status}**: {text}"
     if status == "inconclusive":
         return f"{mark} **inconclusive ({verdict['gate']})**: {verdict['reason']}"
     return f"{mark} **error**: {verdict['reason']}"
+
+
+def _zero_trigger_hits(doc: dict[str, Any]) -> str:
+    """Upstream's cured-by-design cold-race state, said as such (not as "engaged")."""
+    live = (doc.get("figures") or {}).get("liveness") or {}
+    return (
+        f"trigger waves at zero hits while the liveness probe hit "
+        f"({live.get('hits', 0)} hits, {live.get('cached_tokens', 0)} cached tokens)"
+    )
 
 
 def model_text(doc: dict[str, Any]) -> str:
@@ -330,12 +342,19 @@ def matrix_cell(doc: dict[str, Any], cured: bool) -> str:
         return f"🔴 corrupts (cache engaged{hits})"
     if status == "clean":
         word = "cured" if cured else "clean"
+        if verdict.get("outcome") == "clean-zero-trigger-hits":
+            return f"✅ {word}, {_zero_trigger_hits(doc)}"
         return f"✅ {word}, engaged (hit ratio {hit_ratio(figures)})"
     if status == "inconclusive":
         if gate == "engagement" and figures and figures["queries"] > 0 and figures["hits"] == 0:
             return f"⚠️ zero-hit: {figures['queries']} queries, 0 hits (engagement gate)"
         if gate == "liveness":
             live = (doc.get("figures") or {}).get("liveness") or {}
+            if verdict.get("outcome") == "zero-hit":
+                return (
+                    f"⚠️ zero-hit: the liveness probe got {live.get('hits', 0)} hits, caching "
+                    f"effectively disabled (liveness gate)"
+                )
             return f"⚠️ zero-hit after the arm: liveness {live.get('hits', 0)} hits (liveness gate)"
         return f"⚠️ inconclusive ({gate} gate)"
     return "❌ error (no verdict)"

@@ -32,7 +32,7 @@ from repro.artifact import (
 )
 from repro.atomicio import sha256_file, write_json_atomic
 from repro.errors import NotEvidence, ReproError
-from repro.profiles import Profile, get_profile
+from repro.profiles import MODEL_PROFILE_NAME, Profile, for_model, get_profile
 
 CONTEXT_ENV = "REPRO_RUN_CONTEXT"
 FAULT_ENV = "REPRO_INJECT_FAULT"
@@ -114,6 +114,9 @@ def arm_context(
         "kit": _kit(),
         "profile": profile.name,
         "device": profile.device,
+        # A model without a profile is rebuilt from these in the arm's process.
+        "model": profile.model,
+        "tensor_parallel_size": profile.tensor_parallel_size,
         "model_path": model_path,
         "overrides": overrides,
         "fault_kind": fault_kind,
@@ -310,6 +313,8 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 
 def _profile(context: dict[str, Any]) -> Profile:
+    if context["profile"] == MODEL_PROFILE_NAME:
+        return for_model(context["model"], tensor_parallel_size=context["tensor_parallel_size"])
     return get_profile(context["profile"]).for_device(context["device"])
 
 
@@ -405,6 +410,8 @@ def run_arm_in_this_process(arm: str, out_dir: Path) -> int:
             engagement=result.engagement,
             liveness=result.liveness,
             extra_noise=result.extra_noise,
+            rules=grading.RULES_UPSTREAM,
+            require_hits=grading.requires_hits(arm, grading.RULES_UPSTREAM),
         )
         evidence.fill_result(doc, result, verdict, context=facts, overrides=context["overrides"])
         doc["run"]["phases_s"] = {k: round(v, 3) for k, v in timer.seconds.items()}

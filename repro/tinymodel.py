@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 # Bump when the builder's output changes for an unchanged recipe.
-BUILDER_VERSION = 2
+BUILDER_VERSION = 3
 
 RECIPE: dict = {
     "model_type": "qwen3_next",
@@ -86,14 +86,19 @@ def default_cache_dir() -> Path:
 
 
 #: The tiny model families the kit builds (`Profile.tiny_model`, `tiny-model --family`).
-FAMILIES = ("qwen3-next", "nemotron-h")
+# "nemotron-h-needle" is trained, not built: its checkpoint is committed (`repro.tiny_needle`).
+FAMILIES = ("qwen3-next", "nemotron-h", "nemotron-h-needle")
 
 
 def recipe_for(family: str) -> dict:
     """The recipe of a tiny model family."""
-    from repro import tiny_nemotron_h
+    from repro import needle_train, tiny_nemotron_h
 
-    recipes = {"qwen3-next": RECIPE, "nemotron-h": tiny_nemotron_h.RECIPE}
+    recipes = {
+        "qwen3-next": RECIPE,
+        "nemotron-h": tiny_nemotron_h.RECIPE,
+        "nemotron-h-needle": needle_train.RECIPE,
+    }
     try:
         return recipes[family]
     except KeyError:
@@ -104,7 +109,11 @@ def recipe_for(family: str) -> dict:
 
 def tiny_model_dir(cache_dir: Path | None = None, recipe: dict = RECIPE) -> Path:
     """Where the tiny model of `recipe` lives (built or not)."""
+    from repro import needle_train, tiny_needle
+
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+    if tiny_needle.is_trained_recipe(recipe):
+        return cache_dir / f"tiny-{tiny_needle.FAMILY}-{needle_train.recipe_digest(recipe)[:16]}"
     family = recipe["model_type"].replace("_", "-")
     return cache_dir / f"tiny-{family}-{recipe_digest(recipe)[:16]}"
 
@@ -115,8 +124,17 @@ def is_built(target: Path) -> bool:
 
 def ensure_tiny_model(cache_dir: Path | None = None, recipe: dict = RECIPE) -> Path:
     """Return the directory of the tiny model for `recipe`, building it if it is missing."""
+    from repro import tiny_needle
+
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     target = tiny_model_dir(cache_dir, recipe)
+    if tiny_needle.is_trained_recipe(recipe):
+        # Trained weights are copied from the committed checkpoint, never built here; a
+        # cached copy is re-hashed, since nothing else would notice it changed.
+        if is_built(target):
+            tiny_needle.verify(target)
+            return target
+        return tiny_needle.install(target)
     if is_built(target):
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -145,12 +163,13 @@ def training_corpus(seed: int) -> list[str]:
     from repro import prompts
 
     rng = random.Random(seed)
-    lines = [prompts.HEADER, prompts.FOLLOW_UP]
+    lines = [prompts.HEADER, prompts.FOOTER]
     lines += prompts.FILLER_SENTENCES
     for vault in range(64):
-        code = f"{rng.randrange(100000, 1000000)}"
+        code = f"{rng.randint(0, 999_999):06d}"
         lines.append(prompts.fact_line(vault, code))
-        lines.append(prompts.question_line(vault))
+        lines.append(prompts.needle_question(vault))
+        lines.append(prompts.procedure_question(vault))
     return lines * 4
 
 

@@ -254,3 +254,114 @@ def test_the_one_sided_split_decides_when_both_groups_pass_the_threshold():
     (grade,) = verdict.waves
     assert (grade.forward_flips, grade.reverse_flips) == (6, 3)
     assert verdict.status == "corrupted" and "6 forward flips vs 3 reverse" in verdict.reason
+
+
+# -- upstream's rules (RULES_UPSTREAM) ---------------------------------------------------
+
+UP = grading.RULES_UPSTREAM
+
+
+def control_wave(n: int, control_misses: int, *, name: str, identical: bool = False) -> Wave:
+    """`n` requests whose control missed `control_misses` (the APC run misses the same)."""
+    requests = tuple(
+        RequestResult(i, 256, apc_miss=i < control_misses, control_miss=i < control_misses)
+        for i in range(n)
+    )
+    return Wave(name, requests, 1, 1, distinct_rule=identical)
+
+
+def grade_up(*waves, engagement=ENGAGED, liveness=LIVE, require_hits=True):
+    return grading.grade(
+        signal="needle",
+        waves=list(waves),
+        engagement=engagement,
+        liveness=liveness,
+        rules=UP,
+        require_hits=require_hits,
+    )
+
+
+def test_upstream_cold_race_control_fails_only_when_every_wave1_answer_misses():
+    wave2 = control_wave(35, 0, name="wave2")
+    # 15 of 16 misses would fail the kit's old 50 % rule; upstream grades it.
+    assert grade_up(control_wave(16, 15, name="wave1", identical=True), wave2).status == "clean"
+    verdict = grade_up(control_wave(16, 16, name="wave1", identical=True), wave2)
+    assert (verdict.status, verdict.gate) == ("inconclusive", "control_quality")
+    assert "missed all 16 answers of wave1" in verdict.reason
+
+
+@pytest.mark.parametrize(
+    ("n", "misses", "weak"), [(35, 17, False), (35, 18, True), (32, 16, False), (32, 17, True)]
+)
+def test_upstream_control_fails_past_half_of_a_wave(n, misses, weak):
+    # Cold-race wave 2 (n // 2 of the facts) and multi-turn (16 of 32) alike.
+    verdict = grade_up(control_wave(n, misses, name="wave2"))
+    assert (verdict.gate == "control_quality") is weak, verdict.reason
+    if weak:
+        assert f"missed {misses}/{n} of wave2, more than {n // 2}" in verdict.reason
+
+
+def test_kit_rules_keep_the_old_control_gate_for_old_artifacts():
+    verdict = grading.grade(
+        signal="needle",
+        waves=[control_wave(16, 9, name="wave1", identical=True)],
+        engagement=ENGAGED,
+        liveness=LIVE,
+    )
+    assert verdict.gate == "control_quality" and "needs at least 50%" in verdict.reason
+
+
+def test_requires_hits_everywhere_but_upstreams_cold_race():
+    assert grading.requires_hits("multi-turn", UP)
+    assert not grading.requires_hits("cold-race", UP)
+    assert grading.requires_hits("cold-race", grading.RULES_KIT)
+
+
+NO_TRIGGER_HITS = Engagement(
+    prefix_cache_queries=1000, prefix_cache_hits=0, spec_decode_num_drafts=80
+)
+
+
+def test_cold_race_outcomes_are_kept_apart():
+    wave = needle_wave(0, 0)
+    engaged = grade_up(wave, require_hits=False)
+    assert (engaged.status, engaged.outcome) == ("clean", "clean-engaged")
+    cured = grade_up(wave, engagement=NO_TRIGGER_HITS, require_hits=False)
+    assert (cured.status, cured.outcome) == ("clean", "clean-zero-trigger-hits")
+    assert "trigger waves at zero hits while the liveness probe hit (768 hits" in cured.reason
+    quiet = Liveness(prompt_tokens=896, hits=0, queries=896, cached_tokens=0)
+    zero = grade_up(wave, engagement=NO_TRIGGER_HITS, liveness=quiet, require_hits=False)
+    assert (zero.status, zero.gate, zero.outcome) == ("inconclusive", "liveness", "zero-hit")
+    assert "caching is effectively disabled" in zero.reason
+    bad = grade_up(
+        needle_wave(5, 0), engagement=NO_TRIGGER_HITS, liveness=quiet, require_hits=False
+    )
+    # Corruption is judged before liveness, as upstream does.
+    assert (bad.status, bad.outcome) == ("corrupted", "corrupted")
+
+
+def test_zero_trigger_hits_still_fail_engagement_where_hits_are_required():
+    verdict = grade_up(needle_wave(0, 0), engagement=NO_TRIGGER_HITS, require_hits=True)
+    assert (verdict.status, verdict.gate, verdict.outcome) == ("inconclusive", "engagement", None)
+
+
+def test_queries_and_drafts_are_required_even_without_hits():
+    for engagement, missing in (
+        (Engagement(0, 0, 80), "zero prefix-cache queries"),
+        (Engagement(1000, 0, 0), "zero speculative drafts"),
+    ):
+        verdict = grade_up(needle_wave(0, 0), engagement=engagement, require_hits=False)
+        assert verdict.gate == "engagement" and missing in verdict.reason
+        assert "prefix-cache hits" not in verdict.reason.split("(")[0]
+
+
+def test_distinct_rule_is_upstreams_max_ctl_1_plus_1():
+    requests = tuple(RequestResult(i, 256, apc_miss=False, control_miss=False) for i in range(16))
+    assert grade_up(Wave("wave1", requests, 3, 2, distinct_rule=True)).status == "clean"
+    verdict = grade_up(Wave("wave1", requests, 4, 2, distinct_rule=True))
+    assert verdict.status == "corrupted" and "gave 4 distinct outputs; control: 2" in verdict.reason
+
+
+def test_unknown_rules_are_refused():
+    with pytest.raises(ValueError, match="unknown grading rules 'mine'"):
+        grading.grade(signal="needle", waves=[], engagement=ENGAGED, liveness=None, rules="mine")

@@ -14,11 +14,14 @@ H200 = {"name": "NVIDIA H200", "memory_bytes": 143771 << 20}
 SHA = "89abcdef0123456789abcdef0123456789abcdef"
 
 
-def _common(settings, *, tp, apc):
+def _common(settings, *, tp, apc, arm):
     assert settings["tensor_parallel_size"] == tp
     assert settings["enable_prefix_caching"] is apc
     assert settings["max_model_len"] == 10240
-    assert settings["max_num_seqs"] == 8
+    # Upstream: 8 at a time in cold-race only; multi-turn sends all 32 at vLLM's default.
+    assert settings["max_num_seqs"] == (8 if arm == "cold-race" else "vLLM default")
+    assert settings["gpu_memory_utilization"] == 0.8
+    assert settings["trust_remote_code"] is True
     assert settings["enforce_eager"] is True
     assert settings["enable_chunked_prefill"] is True
     assert settings["mamba_cache_mode"] == "align"
@@ -60,8 +63,8 @@ def test_nemotron_plan(tmp_path):
 
     assert set(doc["runs"]) == {"cold-race", "multi-turn"}
     for arm in ("cold-race", "multi-turn"):
-        _common(doc["runs"][arm]["apc"], tp=4, apc=True)
-        _common(doc["runs"][arm]["control"], tp=4, apc=False)
+        _common(doc["runs"][arm]["apc"], tp=4, apc=True, arm=arm)
+        _common(doc["runs"][arm]["control"], tp=4, apc=False, arm=arm)
     assert doc["runs"]["cold-race"]["apc"]["max_num_batched_tokens"] == 4096
     assert doc["runs"]["cold-race"]["control"]["max_num_batched_tokens"] == 4096
     assert "max_num_batched_tokens" not in doc["runs"]["multi-turn"]["apc"]
@@ -116,8 +119,8 @@ def test_qwen_plan_with_pinned_revision(tmp_path):
     }
     assert doc["arms"] == ["multi-turn"]
     assert list(doc["runs"]) == ["multi-turn"]
-    _common(doc["runs"]["multi-turn"]["apc"], tp=1, apc=True)
-    _common(doc["runs"]["multi-turn"]["control"], tp=1, apc=False)
+    _common(doc["runs"]["multi-turn"]["apc"], tp=1, apc=True, arm="multi-turn")
+    _common(doc["runs"]["multi-turn"]["control"], tp=1, apc=False, arm="multi-turn")
     assert doc["hardware"]["needed"] == {
         "gpus": 1,
         "memory_gib_each": 80,
@@ -211,3 +214,42 @@ def test_plan_names_the_image_pins_and_the_one_that_is_missing(monkeypatch):
     pinned = plan.image_pins("0.26.0", "cu130")
     assert pinned["needs_registry"] == []
     assert pinned["pins"]["base (registry)"].endswith("@sha256:" + "ab" * 32)
+
+
+def test_plans_show_upstreams_sampling(tmp_path):
+    doc = _plan("nemotron-super", tmp_path)
+    cold, multi = doc["sampling"]["cold-race"], doc["sampling"]["multi-turn"]
+    for group in (cold["wave1"], cold["wave2"], multi["turn 2"]):
+        assert (group["temperature"], group["max_tokens"], group["stop"]) == (0.0, 24, ["\n"])
+        assert group["ignore_eos"] is False
+    assert cold["wave1"]["requests"] == 16 and cold["wave1"]["asks"] == "fact n - 2"
+    assert cold["liveness probe"]["max_tokens"] == 8
+    assert (cold["liveness decode"]["requests"], cold["liveness decode"]["max_tokens"]) == (4, 128)
+    assert multi["turn 1"]["min_tokens"].startswith("2 B - m + 96")
+    assert multi["turn 1"]["max_tokens"] == "min_tokens + 64"
+    assert multi["turn 1"]["requests"] == multi["turn 2"]["requests"] == 32
+
+
+@pytest.mark.parametrize(
+    ("name", "repo", "memory"),
+    [
+        ("qwen3.5-4b", "Qwen/Qwen3.5-4B", 40),
+        ("nemotron-3.5-nano", "nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-BF16", 140),
+    ],
+)
+def test_one_gpu_small_model_plans(name, repo, memory, tmp_path):
+    doc = _plan(name, tmp_path, hardware={"gpus": [H200]})
+    assert doc["model"]["repo_id"] == repo
+    assert doc["hardware"]["needed"] == {
+        "gpus": 1,
+        "memory_gib_each": memory,
+        "tensor_parallel_size": 1,
+    }
+    assert doc["hardware"]["found"]["satisfied"] is True
+    assert doc["arms"] == ["cold-race", "multi-turn"]
+    for arm in doc["arms"]:
+        _common(doc["runs"][arm]["apc"], tp=1, apc=True, arm=arm)
+        _common(doc["runs"][arm]["control"], tp=1, apc=False, arm=arm)
+    assert set(doc["sampling"]) == {"cold-race", "multi-turn"}
+    est = doc["memory_estimate"]
+    assert est["estimate_gib_per_gpu"] < memory

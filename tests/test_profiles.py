@@ -26,6 +26,12 @@ def test_upstream_settings_on_every_profile():
             assert s["enforce_eager"] and s["enable_chunked_prefill"]
             assert s["mamba_cache_mode"] == "align" and s["disable_log_stats"] is False
             assert s["max_num_seqs"] == 8
+            assert s["trust_remote_code"] is True
+            # Multi-turn leaves max_num_seqs to vLLM, as upstream (all 32 requests at once).
+            m = profile.engine_settings(arm="multi-turn", prefix_caching=apc)
+            assert "max_num_seqs" not in m
+            gpu = profile.device == "cuda" and profile.tiny_model is None
+            assert s.get("gpu_memory_utilization") == (0.8 if gpu else None)
     nemotron = profiles.get_profile("nemotron-super")
     assert nemotron.tensor_parallel_size == 4
     assert (
@@ -58,7 +64,9 @@ def test_override_replaces_and_null_removes():
 
 
 def test_unknown_profile_lists_the_known_ones():
-    with pytest.raises(ValueError, match="nemotron-super, qwen3.6-27b-fp8, tiny"):
+    with pytest.raises(
+        ValueError, match="nemotron-3.5-nano, nemotron-super, qwen3.5-4b, qwen3.6-27b-fp8, tiny"
+    ):
         profiles.get_profile("llama")
 
 
@@ -137,3 +145,15 @@ def test_tiny_nemotron_h_on_cuda_keeps_bf16_and_no_gdn_backend():
     assert settings["dtype"] == "bfloat16"
     assert "additional_config" not in settings
     assert settings["max_num_batched_tokens"] == 200
+
+
+def test_model_profile_runs_upstreams_settings_on_any_model():
+    custom = profiles.for_model("/models/some-hybrid", tensor_parallel_size=2)
+    assert custom.name == profiles.MODEL_PROFILE_NAME and custom.model == "/models/some-hybrid"
+    assert (custom.tensor_parallel_size, custom.min_gpus, custom.signal) == (2, 2, "needle")
+    assert custom.arms == profiles.ARMS
+    nemotron = profiles.get_profile("nemotron-super")
+    for arm in profiles.ARMS:
+        a = custom.engine_settings(arm=arm, prefix_caching=True)
+        b = nemotron.engine_settings(arm=arm, prefix_caching=True)
+        assert {k for k in a if a[k] != b.get(k)} == {"tensor_parallel_size"}

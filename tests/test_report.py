@@ -407,3 +407,45 @@ def test_liveness_names_request_reported_hits_where_the_counters_missed_them():
         "0/0 hits; 320 cached tokens reported by the request"
     )
     assert report.liveness_text({"hits": 0, "queries": 602, "cached_tokens": 0}) == "0/602 hits"
+
+
+# --- upstream's cold-race outcomes kept apart ------------------------------------------------
+
+
+def under_upstream_rules(doc: dict[str, Any]) -> dict[str, Any]:
+    doc = copy.deepcopy(doc)
+    doc["signal"]["rules"] = grading.RULES_UPSTREAM
+    return regraded(doc)
+
+
+def test_zero_trigger_hits_with_a_live_probe_is_clean_and_said_so():
+    doc = under_upstream_rules(zero_hit())
+    assert doc["verdict"]["status"] == "clean"
+    assert doc["verdict"]["outcome"] == "clean-zero-trigger-hits"
+    live = doc["figures"]["liveness"]
+    said = (
+        f"trigger waves at zero hits while the liveness probe hit ({live['hits']} hits, "
+        f"{live.get('cached_tokens', 0)} cached tokens)"
+    )
+    assert report.result_text(doc).endswith(" · " + said)
+    assert report.matrix_cell(doc, cured=True) == "✅ cured, " + said
+
+
+def test_zero_hit_is_its_own_inconclusive_outcome():
+    doc = zero_hit()
+    doc["figures"]["liveness"].update(hits=0, cached_tokens=0, passed=False)
+    doc = under_upstream_rules(doc)
+    assert (doc["verdict"]["status"], doc["verdict"]["gate"]) == ("inconclusive", "liveness")
+    assert doc["verdict"]["outcome"] == "zero-hit"
+    assert "caching is effectively disabled" in report.result_text(doc)
+    assert report.matrix_cell(doc, cured=False) == (
+        "⚠️ zero-hit: the liveness probe got 0 hits, caching effectively disabled (liveness gate)"
+    )
+
+
+def test_engaged_and_corrupted_outcomes_under_upstream_rules():
+    clean = under_upstream_rules(CLEAN.documents["cold-race"])
+    assert clean["verdict"]["outcome"] == "clean-engaged"
+    assert report.matrix_cell(clean, cured=False).startswith("✅ clean, engaged (hit ratio")
+    fault = under_upstream_rules(FAULT.documents["cold-race"])
+    assert fault["verdict"]["outcome"] == "corrupted"

@@ -181,6 +181,11 @@ _BAD_VALUES = [
     ("figures.waves", [], "expected an array of length >= 1"),
     ("figures.liveness.passed", "yes", "expected boolean"),
     ("verdict.status", "passed", "expected one of"),
+    ("verdict.outcome", "cured", "expected one of"),
+    # An outcome must agree with the status it refines (the example is clean).
+    ("verdict.outcome", "zero-hit", "is not valid under any of the given schemas"),
+    ("verdict.outcome", "corrupted", "is not valid under any of the given schemas"),
+    ("signal.rules", "mine", "expected one of"),
     ("verdict.reason", "", "expected a string of length >= 1"),
     ("verdict.reason", "   ", "expected a string matching"),
     ("logs", [{"path": "/var/log/x.log", "bytes": 1, "sha256": "0" * 64}], "matching"),

@@ -82,6 +82,7 @@ def run_cold_race(run_kit, out: Path, *args: str, env=None) -> dict:
         "cold-race",
         *args,
         env=env,
+        timeout=3600,  # a guard, not a speed check
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     doc = json.loads((out / "cold-race.json").read_text())

@@ -4,8 +4,16 @@ Mechanism (upstream #45477 lane, fixed upstream by PR #51113): when chunked pref
 prompt mid-block, the engine can cache the Mamba state of a chunk end as if it were the
 state at a block boundary. Sixteen identical cold prompts of ~1.35 B tokens, sharing a token
 budget, make exactly those splits, and the later requests of the same wave read the
-wrongly-cached state. Wave 2 asks about each vault of the same haystack and so resumes from
-wave 1's cached blocks. A liveness probe afterwards proves the cache still produces hits.
+wrongly-cached state. Wave 2 asks about every fact of the same manual and so resumes from
+wave 1's cached blocks.
+
+The liveness probe follows, as upstream runs it: a 3 B + 128-token manual asked about fact 0
+(the baseline), then fact 1, then the cold-race question about fact 0 four times with a
+128-token decode. Hits counted after the baseline prove the cache alive: with the fix in, a
+prompt under two blocks legitimately gets no hits under MTP (the last block of a hit is
+dropped), so zero trigger-wave hits are then the cure, not a quiet cache. The long decode
+also proves the drafter (short stop-bounded answers may draft nothing) and flushes the
+counters. `docs/fidelity.md` lists every rule.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from repro.arms.common import (
     answer_sampling,
     compare_wave,
     engagement_of,
+    fixed_sampling,
     measure_block_size,
     record,
     run_wave,
@@ -24,8 +33,10 @@ from repro.arms.common import (
 )
 from repro.profiles import Profile
 
-HAYSTACK_SEED = 824568
-LIVENESS_SEED = 3
+# Counter entries of the APC run: the two graded waves, then the probe's three steps.
+TRIGGER_WAVES = ["wave1", "wave2"]
+PROBE_BASELINE = "liveness_baseline"  # the probe manual and fact 0: caches the probe
+PROBE = "liveness"  # fact 1 of the probe manual, then the four long decodes
 
 
 def run_cold_race(profile: Profile, model_path: str, timer: PhaseTimer | None = None) -> ArmResult:
@@ -38,71 +49,87 @@ def run_cold_race(profile: Profile, model_path: str, timer: PhaseTimer | None = 
         timer.add("boot", engine.boot_seconds)
         with timer.phase("prepare"):
             geo = engine.geometry()
+            b = geo.mamba_block_size
             sizes = geometry.cold_race_sizes(
-                geo.mamba_block_size,
+                b,
                 max_num_batched_tokens=geo.max_num_batched_tokens,
                 max_model_len=profile.max_model_len,
             )
-            haystack, prompt_tokens = prompts.fitted_haystack(
-                seed=HAYSTACK_SEED,
-                max_vaults=geometry.COLD_RACE_VAULTS,
-                target_tokens=sizes.prompt_tokens,
-                count_tokens=engine.count_tokens,
+            manual, manual_tokens = prompts.sized_manual(
+                target_tokens=sizes.manual_tokens, count_tokens=engine.count_tokens
             )
-            geometry.check_cold_race_prompt(prompt_tokens, geo.mamba_block_size)
-            probe, probe_tokens = prompts.sized_haystack(
-                seed=LIVENESS_SEED,
-                vaults=geometry.COLD_RACE_VAULTS,
-                target_tokens=sizes.liveness_prompt_tokens,
-                count_tokens=engine.count_tokens,
+            geometry.check_cold_race_manual(manual_tokens, b)
+            probe, probe_tokens = prompts.sized_manual(
+                target_tokens=sizes.liveness_manual_tokens, count_tokens=engine.count_tokens
             )
-            wave1 = [haystack.prompt(0)] * geometry.COLD_RACE_IDENTICAL_PROMPTS
-            wave2 = [haystack.prompt(v) for v in range(len(haystack.codes))]
-            sampling = answer_sampling(profile, sizes.output_tokens)
+            waves = prompts.cold_race_waves(manual, geometry.COLD_RACE_IDENTICAL_PROMPTS)
+            sampling = answer_sampling(profile)
+            probe_answer = fixed_sampling(profile, geometry.LIVENESS_ANSWER_TOKENS)
+            probe_decode = fixed_sampling(profile, geometry.LIVENESS_DECODE_TOKENS)
         apc = record(engine)
-        apc_w1, apc.counters["wave1"] = run_wave(engine, wave1, sampling, timer)
-        apc_w2, apc.counters["wave2"] = run_wave(engine, wave2, sampling, timer)
-        # Twice, one after the other: the second send must be served from the cache.
-        run_wave(engine, [probe.prompt(0)], sampling, timer)
-        probe_again, apc.counters["liveness"] = run_wave(engine, [probe.prompt(0)], sampling, timer)
+        apc_w1, apc.counters["wave1"] = run_wave(engine, waves.wave1, sampling, timer)
+        apc_w2, apc.counters["wave2"] = run_wave(engine, waves.wave2, sampling, timer)
+
+        _, apc.counters[PROBE_BASELINE] = run_wave(engine, [probe.prompt(0)], probe_answer, timer)
+        baseline = engine.counters()
+        with timer.phase("generate"):
+            second = engine.generate([probe.prompt(1)], probe_answer)
+            decodes = engine.generate(
+                [manual.prompt(0)] * geometry.LIVENESS_DECODE_COPIES, probe_decode
+            )
+        with timer.phase("counters"):
+            # Upstream reads the probe's hits only after the long decode, and waits for them.
+            apc.counters[PROBE] = engine.counters_moved(baseline, "prefix_cache_hits") - baseline
 
     with start_engine(
         profile, model_path, arm=arm, prefix_caching=False, mamba_block_size=block_size
     ) as engine:
         timer.add("boot", engine.boot_seconds)
         control = record(engine)
-        ctl_w1, control.counters["wave1"] = run_wave(engine, wave1, sampling, timer)
-        ctl_w2, control.counters["wave2"] = run_wave(engine, wave2, sampling, timer)
+        ctl_w1, control.counters["wave1"] = run_wave(engine, waves.wave1, sampling, timer)
+        ctl_w2, control.counters["wave2"] = run_wave(engine, waves.wave2, sampling, timer)
 
-    codes_w1 = [haystack.codes[0]] * len(wave1) if profile.signal == "needle" else None
-    codes_w2 = list(haystack.codes) if profile.signal == "needle" else None
-    waves = [
+    needle = profile.signal == "needle"
+    codes_w1 = [manual.codes[waves.wave1_vault]] * len(waves.wave1) if needle else None
+    codes_w2 = [manual.codes[v] for v in waves.wave2_vaults] if needle else None
+    graded_waves = [
         compare_wave("wave1", apc_w1, ctl_w1, codes=codes_w1, distinct_rule=True),
         compare_wave("wave2", apc_w2, ctl_w2, codes=codes_w2),
     ]
     # Benign noise beside the waves: the control's answers to 16 identical prompts differ
     # only through batch shape, the same noise that touches the APC run.
     control_spread = grading.self_spread([c.first_logprobs for c in ctl_w1])
-    live = apc.counters["liveness"]
+    live = apc.counters[PROBE]
     return ArmResult(
         arm=arm,
         geometry=geo,
         prompt_tokens={
+            "manual": [manual_tokens],
             "wave1": [c.num_prompt_tokens for c in apc_w1],
             "wave2": [c.num_prompt_tokens for c in apc_w2],
-            "liveness": [probe_tokens],
+            "liveness_manual": [probe_tokens],
+            "liveness": [c.num_prompt_tokens for c in second + decodes],
         },
-        waves=waves,
+        waves=graded_waves,
         apc=apc,
         control=control,
         liveness=grading.Liveness(
             prompt_tokens=probe_tokens,
             hits=live.prefix_cache_hits,
             queries=live.prefix_cache_queries,
-            cached_tokens=probe_again[0].num_cached_tokens or 0,
+            cached_tokens=sum(c.num_cached_tokens or 0 for c in second + decodes),
         ),
         extra_noise=control_spread,
-        engagement=engagement_of(apc.counters, ["wave1", "wave2"], apc_w1 + apc_w2),
+        engagement=engagement_of(
+            apc.counters,
+            TRIGGER_WAVES,
+            apc_w1 + apc_w2,
+            draft_runs=[*TRIGGER_WAVES, PROBE_BASELINE, PROBE],
+        ),
         phases=timer.seconds,
-        extra={"control_spread": control_spread},
+        extra={
+            "control_spread": control_spread,
+            "num_needles": manual.num_needles,
+            "wave1_vault": waves.wave1_vault,
+        },
     )

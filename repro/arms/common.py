@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from repro import grading, prompts
+from repro import geometry, grading, prompts
 from repro.engine import Completion, Counters, Engine, Geometry, Sampling
 from repro.profiles import Profile
 
@@ -87,7 +87,21 @@ def measure_block_size(profile: Profile, model_path: str, timer: PhaseTimer) -> 
         return engine.geometry().mamba_block_size
 
 
-def answer_sampling(profile: Profile, tokens: int) -> Sampling:
+def answer_sampling(profile: Profile) -> Sampling:
+    """Greedy answers to a recall question.
+
+    Needle profiles answer as upstream's test does: at most 24 tokens, stopped at the first
+    newline, so a correct answer followed by more text still contains the code. Log-prob
+    profiles (random weights) get exactly `LOGPROB_ANSWER_TOKENS` tokens with EOS ignored: a
+    random model may emit EOS or a newline at any step, and outputs of one length keep the
+    distinct-output counts comparable between the runs.
+    """
+    if profile.answers == "upstream":
+        return Sampling(max_tokens=geometry.ANSWER_MAX_TOKENS, stop=geometry.ANSWER_STOP)
+    return fixed_sampling(profile, geometry.LOGPROB_ANSWER_TOKENS)
+
+
+def fixed_sampling(profile: Profile, tokens: int) -> Sampling:
     """Greedy outputs of `tokens` tokens; exactly that many where the profile ignores EOS
     (a random model may emit EOS at any step)."""
     return Sampling(
@@ -127,7 +141,11 @@ def compare_wave(
     graded: bool = True,
     distinct_rule: bool = False,
 ) -> grading.Wave:
-    """Pair each APC completion with the control's answer to the same prompt."""
+    """Pair each APC completion with the control's answer to the same prompt.
+
+    Distinct outputs are counted on texts where answers are graded by recall (upstream's
+    rule), on token ids otherwise (random weights: ids are the finer record).
+    """
     requests = []
     for index, (a, c) in enumerate(zip(apc, control, strict=True)):
         requests.append(
@@ -142,23 +160,97 @@ def compare_wave(
     return grading.Wave(
         name=name,
         requests=tuple(requests),
-        apc_distinct_outputs=len({a.token_ids for a in apc}),
-        control_distinct_outputs=len({c.token_ids for c in control}),
+        apc_distinct_outputs=_distinct(apc, by_text=codes is not None),
+        control_distinct_outputs=_distinct(control, by_text=codes is not None),
         graded=graded,
         distinct_rule=distinct_rule,
     )
 
 
+def _distinct(completions: list[Completion], *, by_text: bool) -> int:
+    return len({c.text if by_text else c.token_ids for c in completions})
+
+
 def engagement_of(
-    counters: dict[str, Counters], waves: list[str], completions: list[Completion]
+    counters: dict[str, Counters],
+    waves: list[str],
+    completions: list[Completion],
+    *,
+    draft_runs: list[str] | None = None,
 ) -> grading.Engagement:
-    """Counter deltas of the APC run's waves, plus the cached tokens its requests report."""
+    """Counter deltas of the APC run's waves, plus the cached tokens its requests report.
+
+    Drafts are summed over `draft_runs` (default: the same waves): upstream's cold-race reads
+    them after the liveness probe's long decode, because short stop-bounded answers may
+    legitimately draft nothing.
+    """
     total = Counters()
     for name in waves:
         total = total + counters[name]
+    drafts = sum(counters[name].spec_decode_num_drafts for name in (draft_runs or waves))
     return grading.Engagement(
         prefix_cache_queries=total.prefix_cache_queries,
         prefix_cache_hits=total.prefix_cache_hits,
-        spec_decode_num_drafts=total.spec_decode_num_drafts,
+        spec_decode_num_drafts=drafts,
         cached_prompt_tokens=sum(c.num_cached_tokens or 0 for c in completions),
     )
+
+
+def sampling_plan(profile: Profile) -> dict[str, dict[str, dict[str, Any]]]:
+    """Each arm's requests and how they are sampled, for the run plan (`repro.plan`).
+
+    Sizes that depend on the Mamba block size B (measured at boot) are given as their rule.
+    """
+
+    def shown(sampling: Sampling, requests: Any, **extra: Any) -> dict[str, Any]:
+        doc: dict[str, Any] = {"requests": requests, "temperature": 0.0}
+        doc.update(
+            max_tokens=sampling.max_tokens,
+            min_tokens=sampling.min_tokens,
+            stop=list(sampling.stop),
+            ignore_eos=sampling.ignore_eos,
+        )
+        doc.update(extra)
+        return doc
+
+    answer = answer_sampling(profile)
+    probe = fixed_sampling(profile, geometry.LIVENESS_ANSWER_TOKENS)
+    decode = fixed_sampling(profile, geometry.LIVENESS_DECODE_TOKENS)
+    plan: dict[str, dict[str, dict[str, Any]]] = {}
+    if "cold-race" in profile.arms:
+        plan["cold-race"] = {
+            "wave1": shown(answer, geometry.COLD_RACE_IDENTICAL_PROMPTS, asks="fact n - 2"),
+            "wave2": shown(answer, "one per fact", asks="every fact"),
+            "liveness probe": shown(
+                probe, "1 + 1", asks="facts 0, then 1, of a 3 B + 128-token manual"
+            ),
+            "liveness decode": shown(
+                decode,
+                geometry.LIVENESS_DECODE_COPIES,
+                asks="fact 0 of the cold-race manual (drafts read after it)",
+            ),
+        }
+    if "multi-turn" in profile.arms:
+        first = {
+            "requests": geometry.MULTI_TURN_PROMPTS,
+            "temperature": 0.0,
+            "max_tokens": "min_tokens + 64",
+            "min_tokens": (
+                "2 B - m + 96 (m: the manual's tokens; below B = "
+                f"{geometry.MULTI_TURN_FULL_SCALE_BLOCK} the 96 and 64 scale with B)"
+            ),
+            "stop": [],
+            "ignore_eos": profile.ignore_eos,
+            "asks": "the procedure for vault i",
+        }
+        if profile.ignore_eos:
+            first["max_tokens"] = "min_tokens (EOS ignored)"
+        plan["multi-turn"] = {
+            "turn 1": first,
+            "turn 2": shown(
+                answer,
+                geometry.MULTI_TURN_PROMPTS,
+                asks="fact (7 i + 3) mod n after turn 1's prompt and output",
+            ),
+        }
+    return plan

@@ -1,11 +1,17 @@
 """Multi-turn arm: second turns that resume from Mamba blocks written during speculative decode.
 
-Mechanism (upstream #47861 / #45614 / #46281 lane): under MTP the engine decodes a few tokens
-ahead, and the Mamba hit length can overrun the attention-verified hit by that lookahead, so
-a later request resumes from a state that includes unverified draft tokens. Turn 1 is a prompt
-of about 2 B - 192 tokens decoded past the 2 B boundary; turn 2 resends the exact turn-1
-tokens plus a follow-up question, so its prefix-cache hit covers the block completed during
-speculative decode.
+Mechanism (upstream #47861 / #45614 / #46281 lane; still open upstream as #57128): under MTP
+the engine decodes a few tokens ahead, and the Mamba hit length can overrun the
+attention-verified hit by that lookahead, so a later request resumes from a state that
+includes unverified draft tokens.
+
+As upstream runs it: one manual of about 2 B - 192 tokens; 32 first turns at once, each
+asking for the procedure of a vault and decoding at least 2 B - m + 96 tokens, so decoding
+crosses the 2 B boundary and that block's state is cached during speculative decode; then
+32 second turns (first prompt + output + a blank line + a recall question about a *different*
+vault, (7 i + 3) mod n), whose prefix-cache hits cover the decode-written block. Recalling a
+fact the first turn did not mention depends on the restored state. The control answers the
+same second-turn strings with prefix caching off. `docs/fidelity.md` lists every rule.
 """
 
 from __future__ import annotations
@@ -24,8 +30,6 @@ from repro.arms.common import (
 from repro.engine import Sampling
 from repro.profiles import Profile
 
-FIRST_HAYSTACK_SEED = 1000
-
 
 def run_multi_turn(profile: Profile, model_path: str, timer: PhaseTimer | None = None) -> ArmResult:
     timer = timer or PhaseTimer()
@@ -34,59 +38,49 @@ def run_multi_turn(profile: Profile, model_path: str, timer: PhaseTimer | None =
         timer.add("boot", engine.boot_seconds)
         with timer.phase("prepare"):
             geo = engine.geometry()
-            sizes = geometry.multi_turn_sizes(
-                geo.mamba_block_size, max_model_len=profile.max_model_len
+            b = geo.mamba_block_size
+            sizes = geometry.multi_turn_sizes(b, max_model_len=profile.max_model_len)
+            manual, manual_tokens = prompts.sized_manual(
+                target_tokens=sizes.manual_tokens, count_tokens=engine.count_tokens
             )
-            haystacks = []
-            for i in range(geometry.MULTI_TURN_PROMPTS):
-                haystack, _ = prompts.fitted_haystack(
-                    seed=FIRST_HAYSTACK_SEED + i,
-                    max_vaults=geometry.MULTI_TURN_VAULTS,
-                    target_tokens=sizes.prompt_tokens,
-                    count_tokens=engine.count_tokens,
-                )
-                haystacks.append(haystack)
-            # Each prompt asks about one of its haystack's vaults, alternating.
-            vaults = [i % len(h.codes) for i, h in enumerate(haystacks)]
-            wave1 = [h.prompt(v) for h, v in zip(haystacks, vaults, strict=False)]
-            follow_up_ids = _encode(engine, "\n" + prompts.FOLLOW_UP + "\nAnswer:")
+            geometry.check_multi_turn_manual(sizes, manual_tokens, b)
+            low, high = sizes.first_turn_tokens(b, manual_tokens)
+            wave1 = prompts.multi_turn_first(manual, geometry.MULTI_TURN_PROMPTS)
+            vaults = [prompts.second_turn_vault(i, manual.num_needles) for i in range(len(wave1))]
+            # min_tokens makes decoding cross the second block boundary (under MTP); the
+            # slack above it only bounds where a real model may stop at EOS. A profile that
+            # ignores EOS (random weights) decodes exactly `low` tokens, the crossing itself.
             turn_one = Sampling(
-                max_tokens=sizes.decode_tokens,
-                # min_tokens makes decoding cross the second block boundary (under MTP).
-                min_tokens=sizes.decode_tokens,
+                max_tokens=low if profile.ignore_eos else high,
+                min_tokens=low,
                 ignore_eos=profile.ignore_eos,
             )
-            turn_two = answer_sampling(profile, sizes.follow_up_tokens)
+            turn_two = answer_sampling(profile)
         apc = record(engine)
         apc_w1, apc.counters["wave1"] = run_wave(engine, wave1, turn_one, timer)
-        # Exact token ids of turn 1 (prompt + output), so turn 2's prefix matches the
-        # blocks that were cached during decode; re-tokenized text might not.
-        wave2 = [list(c.prompt_token_ids) + list(c.token_ids) + follow_up_ids for c in apc_w1]
+        wave2 = _second_turns(engine, profile, wave1, apc_w1, vaults)
         apc_w2, apc.counters["wave2"] = run_wave(engine, wave2, turn_two, timer)
 
     with start_engine(profile, model_path, arm=arm, prefix_caching=False) as engine:
         timer.add("boot", engine.boot_seconds)
         control = record(engine)
         ctl_w1, control.counters["wave1"] = run_wave(engine, wave1, turn_one, timer)
-        # The control answers the APC run's own transcripts: identical inputs, so any
+        # The control answers the APC run's own second turns: identical inputs, so any
         # difference comes from reading cached state rather than recomputing it.
         ctl_w2, control.counters["wave2"] = run_wave(engine, wave2, turn_two, timer)
 
-    codes = (
-        [h.codes[v] for h, v in zip(haystacks, vaults, strict=False)]
-        if profile.signal == "needle"
-        else None
-    )
+    codes = [manual.codes[v] for v in vaults] if profile.signal == "needle" else None
     waves = [
-        # Turn 1 reads no decode-written blocks; it is recorded (its cold requests give the
-        # noise floor) but upstream grades turn 2.
-        compare_wave("wave1", apc_w1, ctl_w1, codes=codes, graded=False),
+        # Turn 1 reads no decode-written blocks and asks for no code: recorded (its cold
+        # requests give the noise floor), not graded.
+        compare_wave("wave1", apc_w1, ctl_w1, codes=None, graded=False),
         compare_wave("wave2", apc_w2, ctl_w2, codes=codes),
     ]
     return ArmResult(
         arm=arm,
         geometry=geo,
         prompt_tokens={
+            "manual": [manual_tokens],
             "wave1": [c.num_prompt_tokens for c in apc_w1],
             "wave2": [c.num_prompt_tokens for c in apc_w2],
         },
@@ -97,9 +91,27 @@ def run_multi_turn(profile: Profile, model_path: str, timer: PhaseTimer | None =
         extra_noise=[],
         engagement=engagement_of(apc.counters, ["wave1", "wave2"], apc_w1 + apc_w2),
         phases=timer.seconds,
-        extra={"decode_tokens": sizes.decode_tokens},
+        extra={"first_turn_tokens": [low, high], "num_needles": manual.num_needles},
     )
 
 
-def _encode(engine, text: str) -> list[int]:
-    return list(engine.llm.get_tokenizer().encode(text, add_special_tokens=False))
+def _second_turns(engine, profile: Profile, wave1: list[str], outputs, vaults) -> list:
+    """Upstream sends the second turn as text, tokenized again by the engine.
+
+    A random-weight model's output is not stable text: its byte-level tokens decode to
+    replacement characters that encode back to other tokens, so the second turn's prefix
+    would stop matching inside the first turn's output, before the decode-written block.
+    Log-prob profiles (random weights) therefore resend the exact token ids.
+    """
+    if profile.signal != "logprob":
+        return [
+            prompts.second_turn(prompt, out.text, vault)
+            for prompt, out, vault in zip(wave1, outputs, vaults, strict=True)
+        ]
+    tokenizer = engine.llm.get_tokenizer()
+    return [
+        list(out.prompt_token_ids)
+        + list(out.token_ids)
+        + list(tokenizer.encode(prompts.second_turn_suffix(vault), add_special_tokens=False))
+        for out, vault in zip(outputs, vaults, strict=True)
+    ]

@@ -1,0 +1,149 @@
+"""The trained tiny needle model: its checkpoint, its arithmetic, its recall, its trainer.
+
+Real parts throughout: the committed checkpoint, transformers' NemotronH (the engine env has
+it), the kit's own prompt builder. Training itself needs a GPU and is not run here; the
+trainer's pieces that decide what it learns (batches, weights, tokenizer) are.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+import shutil
+
+import pytest
+
+from repro import needle_data, needle_train, prompts, tiny_needle
+from repro.errors import ReproError
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+
+def test_checkpoint_is_small_verified_and_from_the_current_recipe():
+    record = tiny_needle.verify()
+    size = sum(p.stat().st_size for p in tiny_needle.CHECKPOINT.iterdir())
+    assert size <= 8 * 2**20
+    assert record["digest"] == needle_train.recipe_digest()
+    assert record["metrics"]["stopped_early"] is False
+    assert record["metrics"]["steps_done"] == needle_train.RECIPE["steps"]
+
+
+def test_a_changed_file_or_recipe_is_refused(tmp_path):
+    copy = tmp_path / "ckpt"
+    shutil.copytree(tiny_needle.CHECKPOINT, copy)
+    (copy / "config.json").write_text((copy / "config.json").read_text() + " ")
+    with pytest.raises(ReproError, match="config.json: sha256"):
+        tiny_needle.verify(copy)
+    shutil.copyfile(tiny_needle.CHECKPOINT / "config.json", copy / "config.json")
+    record = json.loads((copy / "recipe.json").read_text())
+    record["digest"] = "0" * 64
+    (copy / "recipe.json").write_text(json.dumps(record))
+    with pytest.raises(ReproError, match="train-tiny --retrain"):
+        tiny_needle.verify(copy)
+
+
+def test_tokenizer_is_rebuilt_identically_from_the_recipe(tmp_path):
+    needle_train.build_tokenizer(tmp_path, needle_train.RECIPE)
+    built = hashlib.sha256((tmp_path / "tokenizer.json").read_bytes()).hexdigest()
+    committed = tiny_needle._sums(tiny_needle.CHECKPOINT)["tokenizer.json"]
+    assert built == committed
+
+
+def _load(silence_mamba: bool = False):
+    from safetensors.torch import load_file
+
+    from repro.needle_model import NeedleNemotronH
+
+    config = json.loads((tiny_needle.CHECKPOINT / "config.json").read_text())
+    model = NeedleNemotronH(needle_train.RECIPE, config["vocab_size"]).float().eval()
+    state = load_file(str(tiny_needle.CHECKPOINT / "model.safetensors"))
+    model.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
+    model.silence_mamba(silence_mamba)
+    return model, config
+
+
+def test_training_model_computes_what_transformers_nemotron_h_computes():
+    from safetensors.torch import load_file
+    from transformers import NemotronHConfig, NemotronHForCausalLM
+
+    model, config = _load()
+    reference = NemotronHForCausalLM(
+        NemotronHConfig(**{k: v for k, v in config.items() if k != "architectures"})
+    ).float()
+    state = load_file(str(tiny_needle.CHECKPOINT / "model.safetensors"))
+    # transformers 5 names the backbone `model.`; the MTP layer is vLLM's alone.
+    renamed = {
+        k.replace("backbone.", "model.", 1): v.float()
+        for k, v in state.items()
+        if not k.startswith("mtp.")
+    }
+    missing, unexpected = reference.load_state_dict(renamed, strict=False)
+    assert not missing and not unexpected
+    # vLLM's Mamba2 mixer clamps dt to (0, inf); transformers' to (0.001, inf), which the
+    # trained model's slowest heads fall below.
+    for module in reference.modules():
+        if hasattr(module, "time_step_limit"):
+            module.time_step_limit = (0.0, float("inf"))
+    ids = torch.randint(
+        0, config["vocab_size"], (1, 200), generator=torch.Generator().manual_seed(0)
+    )
+    with torch.no_grad():
+        ours, _ = model(ids)
+        theirs = reference.eval()(ids).logits
+    assert (ours - theirs).abs().max().item() < 1e-4 * theirs.abs().max().item()
+
+
+def _greedy(model, tokenizer, prompt: str, steps: int = 8) -> str:
+    ids = tokenizer.encode(prompt, add_special_tokens=False)
+    out = []
+    with torch.no_grad():
+        for _ in range(steps):
+            logits, _ = model(torch.tensor([ids + out]))
+            out.append(int(logits[0, -1].argmax()))
+            if tokenizer.decode(out).endswith("\n"):
+                break
+    return tokenizer.decode(out)
+
+
+def test_recalls_the_kit_manual_and_needs_its_mamba_layers():
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_needle.CHECKPOINT))
+    manual, _ = prompts.sized_manual(
+        target_tokens=round(1.35 * 288), count_tokens=lambda t: len(tokenizer.encode(t))
+    )
+    vaults = [0, 3, manual.num_needles - 2]
+    model, _ = _load()
+    answers = [_greedy(model, tokenizer, manual.prompt(v)) for v in vaults]
+    assert all(manual.codes[v] in a for v, a in zip(vaults, answers, strict=True)), answers
+    silenced, _ = _load(silence_mamba=True)
+    answers = [_greedy(silenced, tokenizer, manual.prompt(v)) for v in vaults]
+    assert not any(manual.codes[v] in a for v, a in zip(vaults, answers, strict=True)), answers
+
+
+def test_kit_shaped_training_manuals_are_the_kit_builders_text():
+    """The training distribution holds the arms' manuals exactly (codes aside)."""
+    manual = prompts.Manual(prompts.make_codes(8), 13)
+    example = needle_data.eval_example(
+        random.Random(3), needles=8, fillers=13, asked=6, kind="cold-race"
+    )
+    asked = example.text[: example.answers[0][0]]
+    assert re.sub(r"\d{6}", "CODE", asked) == re.sub(r"\d{6}", "CODE", manual.prompt(6))
+
+
+def test_batches_are_deterministic_and_weight_answers():
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tiny_needle.CHECKPOINT / "tokenizer.json"))
+    recipe = {**needle_train.RECIPE, "batch_size": 3}
+    first = needle_train.training_batch(7, recipe, tokenizer)
+    assert first == needle_train.training_batch(7, recipe, tokenizer)
+    assert first != needle_train.training_batch(8, recipe, tokenizer)
+    ids, weights = first[0]
+    # Every answer is a space, six digits and a newline, all at full weight.
+    answer = [tokenizer.id_to_token(i) for i, w in zip(ids, weights, strict=True) if w == 1.0]
+    assert len(answer) % 8 == 0 and answer[:1] == ["Ġ"] and answer[7] == "Ċ"
+    assert all(t.isdigit() for t in answer[1:7])
