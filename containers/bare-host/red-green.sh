@@ -39,7 +39,8 @@ for phase in $phases; do
         'from repro.artifact import require_validation; require_validation()'
       rm -rf "$patched"
       t cp -a "$stock" "$patched"
-      t env PYTHONPATH="$kit" python3 -m repro patch --site "$patched" "$patch"
+      # The kit's CLI imports jsonschema, which the host has only through the install set.
+      t env PYTHONPATH="$stock:$kit" python3 -m repro patch --site "$patched" "$patch"
       ;;
     stock | patched)
       site=$stock
