@@ -83,7 +83,7 @@ MAX_WRONG_ANSWERS_SHOWN = 3
 
 
 def _corrupted_needle(wave: dict[str, Any]) -> str:
-    """" (needle X corrupted to Y / Z)", from the answers a needle artifact keeps; "" when it
+    """ " (needle X corrupted to Y / Z)", from the answers a needle artifact keeps; "" when it
     keeps none (log-prob signal, older artifacts) or no APC answer missed."""
     wrong: list[str] = []
     code = None

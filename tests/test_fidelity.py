@@ -222,7 +222,8 @@ def cold_race_manual_rule(p) -> tuple[str, str]:
         )
         return (
             f"int({geometry.COLD_RACE_PROMPT_FACTOR} B), question included",
-            upstream + "; cold-race: fewer where that many do not fit int(1.35 B) with the question",
+            upstream
+            + "; cold-race: fewer where that many do not fit int(1.35 B) with the question",
         )
     assert abs(tokens - target) <= 20 and manual.num_needles == prompts.needle_count(target)
     return f"int({geometry.COLD_RACE_PROMPT_FACTOR} B), question excluded", upstream

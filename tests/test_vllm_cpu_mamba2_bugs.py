@@ -14,7 +14,6 @@ from __future__ import annotations
 import pytest
 
 
-
 @pytest.fixture
 def cpu_ssm():
     # Imported here, not at collection: the kit's light modules are checked to import no

@@ -54,7 +54,10 @@ def cold_race_manual(profile: Profile, sizes, count_tokens) -> tuple[prompts.Man
         return prompts.sized_manual(target_tokens=sizes.manual_tokens, count_tokens=count_tokens)
     target = sizes.manual_tokens
     count = prompts.needle_count(target)
-    while count > 1 and _prompt_tokens(prompts.Manual(prompts.make_codes(count), 0), count_tokens) > target:
+    while (
+        count > 1
+        and _prompt_tokens(prompts.Manual(prompts.make_codes(count), 0), count_tokens) > target
+    ):
         count -= 1
     bare = prompts.Manual(prompts.make_codes(count), 0)
     question = _prompt_tokens(bare, count_tokens) - count_tokens(bare.text())
