@@ -135,3 +135,61 @@ def test_killed_arm_leaves_an_error_record_with_its_log(run_kit, tmp_path):
     assert doc["error"]["phase"] == "arm"
     (log,) = doc["logs"]
     assert (tmp_path / log["path"]).is_file()
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def test_a_killed_engine_process_leaves_the_arms_record_and_the_next_arm_runs(
+    engine_python, tmp_path
+):
+    # A real fault: the engine process that runs both arms is killed (SIGKILL, as the
+    # kernel's OOM killer does) while it is in the first arm. That arm must get an `error`
+    # record with its log, and the second arm must still run, in a fresh engine process.
+    import os
+    import signal
+    import subprocess
+    import time
+
+    repo = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(repo), "REPRO_KIT_CHECKOUT": str(repo)}
+    cmd = [engine_python, "-m", "repro", "run", "--profile", "tiny", "--out", str(tmp_path)]
+    proc = subprocess.Popen(
+        [*cmd, "--arms", "cold-race", "multi-turn"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    log = tmp_path / "logs" / "cold-race.log"
+    deadline = time.monotonic() + 600
+    killed = None
+    while killed is None and time.monotonic() < deadline and proc.poll() is None:
+        engine = [
+            c for c in _children(proc.pid) if "arms" in Path(f"/proc/{c}/cmdline").read_text()
+        ]
+        if engine and log.is_file() and log.stat().st_size > 0:
+            os.kill(engine[0], signal.SIGKILL)
+            killed = engine[0]
+        time.sleep(0.2)
+    output, _ = proc.communicate(timeout=3600)
+    assert killed is not None, output[-4000:]
+    assert proc.returncode == 1, output[-4000:]
+
+    crashed = load(tmp_path, "cold-race")
+    assert crashed["verdict"]["status"] == "error"
+    assert "exited with status -9" in crashed["verdict"]["reason"], crashed["verdict"]
+    (entry,) = crashed["logs"]
+    assert entry["path"] == "logs/cold-race.log"
+    assert sha256_file(tmp_path / entry["path"]) == entry["sha256"]
+
+    after = load(tmp_path, "multi-turn")
+    assert after["verdict"]["status"] == "clean", after["verdict"]["reason"]
+    # It ran in a process of its own: that process imported vLLM for it.
+    assert after["run"]["phases_s"]["import"] > 0
+    assert [e["path"] for e in after["logs"]] == ["logs/multi-turn.log"]
+    assert not list(tmp_path.glob(".*.partial.json"))
