@@ -115,8 +115,9 @@ def _schema_text(name: str, version: int) -> str:
 
 @functools.cache
 def _validator(name: str, version: int) -> Draft202012Validator:
-    # Imported here: with its format checkers jsonschema takes 2 s to import on 2 cores, which
-    # the engine process (it writes documents, the parent validates them) need not pay.
+    # Imported here: with its format checkers jsonschema takes seconds to import, which the
+    # engine process (it writes documents, the parent validates them) need not pay
+    # (docs/measured.md, §Engine process).
     from jsonschema import Draft202012Validator
 
     checker = Draft202012Validator.FORMAT_CHECKER

@@ -16,8 +16,8 @@ from typing import Any
 
 from rich.console import Console
 from rich.live import Live
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 
 @dataclass
@@ -108,7 +108,7 @@ class RunDisplay:
     def log_line(self, text: str) -> None:
         """A line of an engine log; shown only with `verbose`."""
         if self.verbose:
-            self.console.print(escape(text.rstrip("\n")), markup=True, soft_wrap=True)
+            self.console.print(text.rstrip("\n"), markup=False, soft_wrap=True)
 
     # -- output ----------------------------------------------------------------------------
     def _line(self, arm: str) -> None:
@@ -117,9 +117,8 @@ class RunDisplay:
         state = self.states[arm]
         what = state.verdict if state.phase == "done" else state.phase
         wave = f", {state.wave}: {state.wave_total} requests" if state.wave else ""
-        self.console.print(
-            f"[repro] {arm}: {escape(what)}{escape(wave)} ({state.elapsed(time.monotonic()):.0f} s)"
-        )
+        elapsed = state.elapsed(time.monotonic())
+        self.console.print(f"[repro] {arm}: {what}{wave} ({elapsed:.0f} s)", markup=False)
 
     def _table(self) -> Table:
         now = time.monotonic()
@@ -132,5 +131,5 @@ class RunDisplay:
                 wave = f"{state.wave}: {state.wave_done}/{state.wave_total}" if state.wave else ""
                 requests = str(state.requests_done) if state.started else ""
                 elapsed = f"{state.elapsed(now):.0f} s" if state.started else ""
-                table.add_row(arm, phase, wave, requests, elapsed)
+                table.add_row(*(Text(cell) for cell in (arm, phase, wave, requests, elapsed)))
         return table

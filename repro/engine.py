@@ -337,7 +337,14 @@ def _progress_bar(llm) -> Any:
             progress.emit("done", requests=int(self.n))
             return shown
 
-    return _Reporting
+    def bar(*args: Any, **kwargs: Any) -> tqdm:
+        # vLLM also wraps the prompts it renders (an iterable, "Rendering prompts"); only the
+        # bar it advances per finished request (no iterable) is reported.
+        if args or "iterable" in kwargs:
+            return tqdm(*args, **{**kwargs, "disable": True})
+        return _Reporting(*args, **kwargs)
+
+    return bar
 
 
 class _NullFile:

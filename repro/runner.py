@@ -39,10 +39,9 @@ from repro.artifact import (
     write_artifact,
 )
 from repro.atomicio import sha256_file, write_json_atomic
-from repro.errors import NotEvidence, ReproError
+from repro.errors import NotEvidence, ReproError, ValidationUnavailable
 from repro.profiles import MODEL_PROFILE_NAME, Profile, for_model, get_profile
 
-CONTEXT_ENV = "REPRO_RUN_CONTEXT"
 FAULT_ENV = "REPRO_INJECT_FAULT"
 # Set by the host for a run in one of the kit's images (repro/containers/run.py): the image's
 # id and labels as JSON. A process inside a container cannot see its own image.
@@ -84,7 +83,6 @@ def run_profile(
 ) -> dict[str, dict[str, Any]]:
     """Run the arms in one engine process; return the written documents by arm."""
     check_writable(out_dir)
-    require_validation()
     (out_dir / "logs").mkdir(exist_ok=True)
     run_id = new_run_id()
     if os.environ.get("REPRO_IN_CONTAINER") == "1":
@@ -230,7 +228,6 @@ def _run_engine_process(
     for arm in arms:
         (out_dir / f".{arm}.partial.json").unlink(missing_ok=True)
     env = dict(os.environ)
-    env[CONTEXT_ENV] = json.dumps({arm: contexts[arm] for arm in arms})
     env["PYTHONUNBUFFERED"] = "1"
     env[progress.ENV] = "1"
     fault_kind = contexts[arms[0]]["fault_kind"]
@@ -247,6 +244,7 @@ def _run_engine_process(
     proc = subprocess.Popen(
         cmd,
         env=env,
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -255,6 +253,20 @@ def _run_engine_process(
     output = _EngineOutput(proc.stdout, arms, out_dir, screen)
     output.start()
     try:
+        # Checked while the engine process imports vLLM; it waits for its contexts before it
+        # does anything else, so a refusal here comes before any engine.
+        require_validation()
+    except ValidationUnavailable:
+        proc.stdin.close()  # no contexts: it exits without running an arm
+        proc.wait()
+        output.join()
+        raise
+    try:
+        try:
+            proc.stdin.write(json.dumps({arm: contexts[arm] for arm in arms}) + "\n")
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass  # it died already (e.g. vLLM does not import): recorded below
         while True:
             try:
                 event = output.events.get(timeout=0.5)
@@ -504,8 +516,12 @@ def run_arms_in_this_process(arms: list[str], out_dir: Path) -> NoReturn:
     vLLM is imported once, before the first arm. An arm that fails is recorded as such (its
     document says how) and the next arm runs; the parent validates and finishes each record.
     """
-    contexts = json.loads(os.environ[CONTEXT_ENV])
     import_s = _import_engine()
+    # The parent sends the arms' contexts once it knows their records can be validated.
+    line = sys.stdin.readline()
+    if not line:
+        os._exit(3)  # the parent refused the run (or is gone): nothing to do
+    contexts = json.loads(line)
     # This environment's facts, as every arm records them: taken once, before any engine.
     environment = _facts({})
     for index, arm in enumerate(arms):
@@ -520,7 +536,8 @@ def run_arms_in_this_process(arms: list[str], out_dir: Path) -> NoReturn:
             outcome, message = "failed", f"{type(exc).__name__}: {exc}"
         progress.emit("arm_done", arm=arm, outcome=outcome, message=message)
     # Every document is written and every engine shut down: skip the interpreter's teardown
-    # of vLLM and torch, which has nothing left to write and took 4 s on 2 cores.
+    # of vLLM and torch, which has nothing left to write and takes seconds (docs/measured.md,
+    # §Engine process).
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

@@ -80,6 +80,62 @@ def test_logs_are_kept_and_hashed(clean_run, arm):
     assert not list(out.glob(".*.partial.json"))
 
 
+BOOT_LINE = "init engine (profile, create kv cache, warmup model) took"
+
+DERIVE_AND_CONTRADICT = """
+import json, sys
+from repro.arms.common import PhaseTimer, derive_block_size, start_engine
+from repro.errors import GeometryUnsupported
+from repro.profiles import get_profile
+
+profile, model = get_profile("tiny"), sys.argv[1]
+b = derive_block_size(profile, model, PhaseTimer())
+# An engine told to expect another B than the one it boots with must refuse its geometry.
+wrong = start_engine(profile, model, arm="cold-race", prefix_caching=True, mamba_block_size=b + 16)
+with wrong as e:
+    try:
+        e.geometry()
+        refused = None
+    except GeometryUnsupported as exc:
+        refused = [exc.gate, str(exc)]
+print("RESULT " + json.dumps({"derived": b, "refused": refused}))
+"""
+
+
+def test_a_run_of_both_arms_boots_four_engines(clean_run):
+    out, _ = clean_run
+    boots = {arm: (out / "logs" / f"{arm}.log").read_text().count(BOOT_LINE) for arm in ARMS}
+    assert boots == {"cold-race": 2, "multi-turn": 2}
+
+
+def test_b_derived_before_boot_is_the_booted_engines_and_a_mismatch_is_refused(
+    clean_run, engine_python
+):
+    import os
+    import subprocess
+
+    _, docs = clean_run
+    cold = docs["cold-race"]
+    assert cold["run"]["phases_s"]["derive"] > 0
+    repo = Path(__file__).resolve().parent.parent
+    proc = subprocess.run(
+        [engine_python, "-c", DERIVE_AND_CONTRADICT, cold["profile"]["model_path"]],
+        env={**os.environ, "PYTHONPATH": str(repo)},
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    (line,) = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    result = json.loads(line.removeprefix("RESULT "))
+    b = cold["geometry"]["mamba_block_size"]
+    assert result["derived"] == b
+    assert cold["geometry"]["max_num_batched_tokens"] == round(1.25 * b)
+    gate, message = result["refused"]
+    assert gate == "geometry"
+    assert f"the booted engine's Mamba block size is {b}" in message
+    assert f"configuration gave {b + 16} before boot" in message
+
+
 @pytest.mark.parametrize("arm", ARMS)
 def test_injected_fault_is_detected(fault_run, arm):
     _, docs = fault_run

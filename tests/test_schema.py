@@ -647,8 +647,20 @@ def test_a_run_refuses_before_any_engine_when_timestamps_cannot_be_checked(tmp_p
     )
     monkeypatch.setattr(Draft202012Validator, "FORMAT_CHECKER", without)
     artifact._validator.cache_clear()
-    started = []
-    monkeypatch.setattr(runner, "_run_engine_process", lambda *a, **k: started.append(a))
+    # The engine process is a stand-in (a real process) that keeps what it is sent: an arm's
+    # context is what would make it start an engine.
+    import subprocess
+
+    sent = tmp_path / "sent.txt"
+    child = f"import sys; open({str(sent)!r}, 'w').write(sys.stdin.read())"
+    real_popen = subprocess.Popen
+
+    def popen(cmd, **kwargs):
+        if cmd[1:4] == ["-m", "repro", "arms"]:
+            cmd = [sys.executable, "-c", child]
+        return real_popen(cmd, **kwargs)
+
+    monkeypatch.setattr(runner.subprocess, "Popen", popen)
     try:
         with pytest.raises(ValidationUnavailable, match="format-nongpl"):
             runner.run_profile(
@@ -661,7 +673,7 @@ def test_a_run_refuses_before_any_engine_when_timestamps_cannot_be_checked(tmp_p
             )
     finally:
         artifact._validator.cache_clear()
-    assert started == []
+    assert sent.read_text() == "", "the engine process was sent an arm to run"
     assert not list((tmp_path / "out").glob("*.json"))
 
 
