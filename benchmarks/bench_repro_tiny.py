@@ -21,7 +21,10 @@ Reported per kit (medians over the repeats), as one JSON object:
 - `import_s`: the vLLM import the kit's engine process records (`run.phases_s.import`; the
   baseline pays one too), and `share_kit_overhead_beyond_import`: the overhead without it;
 - `boots`: engine boots of the run, counted in its logs (vLLM logs one "init engine" line
-  per boot); the baseline's are counted by the baseline itself (4).
+  per boot); the baseline's are counted by the baseline itself (4);
+- `kit_cpu_s`, `baseline_cpu_s`, `ratio_cpu`: the same comparison in CPU seconds (user +
+  system, the command and all its processes), which other work on a shared machine moves
+  far less than wall time.
 
 Usage: python benchmarks/bench_repro_tiny.py [--repeat N] [--vllm VERSION] [--before DIR]
 """
@@ -32,6 +35,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -49,9 +53,9 @@ def run_kit(checkout: Path, vllm: str | None) -> dict:
         cmd = [sys.executable, "-m", "repro", "tiny", "--out", tmp]
         if vllm:
             cmd += ["--vllm", vllm]
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), _children_cpu()
         subprocess.run(cmd, cwd=checkout, check=True, stdout=subprocess.DEVNULL)
-        wall = time.perf_counter() - started
+        wall, cpu = time.perf_counter() - started, _children_cpu() - cpu
         phases: dict[str, float] = {}
         verdicts = {}
         for path in sorted(Path(tmp).glob("*.json")):
@@ -63,12 +67,18 @@ def run_kit(checkout: Path, vllm: str | None) -> dict:
             len(BOOT_LINE.findall(log.read_text(errors="replace")))
             for log in Path(tmp, "logs").glob("*.log")
         )
-        return {"wall_s": wall, "phases_s": phases, "boots": boots, "verdicts": verdicts}
+        return {
+            "wall_s": wall,
+            "cpu_s": cpu,
+            "phases_s": phases,
+            "boots": boots,
+            "verdicts": verdicts,
+        }
 
 
 def run_baseline(python: str, model: str) -> dict:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), _children_cpu()
     proc = subprocess.run(
         [python, str(REPO / "benchmarks" / "raw_vllm_baseline.py"), model],
         env=env,
@@ -77,10 +87,16 @@ def run_baseline(python: str, model: str) -> dict:
         stderr=subprocess.DEVNULL,
         text=True,
     )
-    wall = time.perf_counter() - started
+    wall, cpu = time.perf_counter() - started, _children_cpu() - cpu
     (line,) = [x for x in proc.stdout.splitlines() if x.startswith("BASELINE ")]
     inner = json.loads(line.removeprefix("BASELINE "))
-    return {"wall_s": wall, **inner}
+    return {**inner, "wall_s": wall, "cpu_s": cpu}
+
+
+def _children_cpu() -> float:
+    """CPU seconds (user + system) of every finished child process and its descendants."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def med(values: list[float]) -> float:
@@ -96,6 +112,7 @@ def summarize(kit_runs: list[dict], baselines: list[dict]) -> dict:
         each.append(
             {
                 "ratio": wall / base["wall_s"],
+                "ratio_cpu": run["cpu_s"] / base["cpu_s"],
                 "kit_overhead_s": overhead,
                 "share_kit_overhead": overhead / wall,
                 "share_kit_overhead_beyond_import": (overhead - phases.get("import", 0.0)) / wall,
@@ -105,6 +122,8 @@ def summarize(kit_runs: list[dict], baselines: list[dict]) -> dict:
     return {
         "kit_s": med([r["wall_s"] for r in kit_runs]),
         "baseline_s": med([b["wall_s"] for b in baselines]),
+        "kit_cpu_s": med([r["cpu_s"] for r in kit_runs]),
+        "baseline_cpu_s": med([b["cpu_s"] for b in baselines]),
         **{key: med([e[key] for e in each]) for key in each[0]},
         "boot_s": med([r["phases_s"].get("boot", 0.0) for r in kit_runs]),
         "generate_s": med([r["phases_s"].get("generate", 0.0) for r in kit_runs]),
@@ -113,6 +132,7 @@ def summarize(kit_runs: list[dict], baselines: list[dict]) -> dict:
         "phases_s": {n: med([r["phases_s"].get(n, 0.0) for r in kit_runs]) for n in phase_names},
         "verdicts": [r["verdicts"] for r in kit_runs],
         "kit_s_each": [round(r["wall_s"], 2) for r in kit_runs],
+        "kit_cpu_s_each": [round(r["cpu_s"], 2) for r in kit_runs],
     }
 
 
@@ -166,6 +186,7 @@ def main() -> int:
     report = summarize(runs["after"], baselines)
     report["baseline"] = {
         "wall_s_each": [round(b["wall_s"], 2) for b in baselines],
+        "cpu_s_each": [round(b["cpu_s"], 2) for b in baselines],
         "import_s": med([b["import_s"] for b in baselines]),
         "boot_s": med([b["boot_s"] for b in baselines]),
         "generate_s": med([b["generate_s"] for b in baselines]),

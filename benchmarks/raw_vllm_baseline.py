@@ -4,7 +4,9 @@ Run with an engine environment's python (`bench_repro_tiny.py` does). It sends w
 kit's arms send, in the same order per engine: the same engine settings (the profile's own
 `engine_settings`), the same prompts (the kit's prompt builders, sized with the engine's
 tokenizer), the same sampling and the same waves, each through one `LLM.generate` call, on
-four engines (APC run and control of each arm) in one process with one vLLM import. It reads
+four engines (APC run and control of each arm) in one process with one vLLM import (the
+prompt builders are the kit's own pure functions: `repro.prompts`, `repro.geometry` and the
+arms' manual choice, so the baseline follows the arms when they change). It reads
 no counters, grades nothing and writes no artifact: whatever the kit spends beyond this is
 its own overhead.
 
@@ -33,6 +35,7 @@ from vllm.engine.arg_utils import EngineArgs  # noqa: E402
 
 from repro import geometry, prompts  # noqa: E402
 from repro.arms.common import answer_sampling, fixed_sampling  # noqa: E402
+from repro.arms.multi_turn import first_turn_manuals  # noqa: E402
 from repro.engine import Sampling, resolve_settings  # noqa: E402
 from repro.profiles import get_profile  # noqa: E402
 
@@ -84,12 +87,12 @@ def multi_turn(profile, model: str) -> int:
     b = llm.llm_engine.vllm_config.cache_config.mamba_block_size
     tokenizer = llm.get_tokenizer()
     sizes = geometry.multi_turn_sizes(b, max_model_len=profile.max_model_len)
-    manual, manual_tokens = prompts.sized_manual(
-        target_tokens=sizes.manual_tokens, count_tokens=lambda t: len(tokenizer.encode(t))
+    manuals, manual_tokens = first_turn_manuals(
+        profile, sizes, lambda text: len(tokenizer.encode(text))
     )
-    low, high = sizes.first_turn_tokens(b, manual_tokens)
-    wave1 = prompts.multi_turn_first(manual, geometry.MULTI_TURN_PROMPTS)
-    vaults = [prompts.second_turn_vault(i, manual.num_needles) for i in range(len(wave1))]
+    low, high = sizes.first_turn_tokens(b, min(manual_tokens))
+    wave1 = prompts.multi_turn_first(manuals)
+    vaults = [prompts.second_turn_vault(i, manuals[0].num_needles) for i in range(len(wave1))]
     turn_one = Sampling(
         max_tokens=low if profile.ignore_eos else high,
         min_tokens=low,
