@@ -97,10 +97,10 @@ def repro_nemotron(session: nox.Session) -> None:
     _gpu_profile(session, "nemotron-super")
 
 
-# Two pytest-xdist workers, each taking whole files (tests/conftest.py groups them): while
-# one worker's engine runs use the CPU, the other's Docker builds, Slurm jobs and process
-# start-ups wait on the disk and on daemons.
-PARALLEL = ["-n", "2", "--dist", "loadgroup"]
+# Two pytest-xdist workers, each taking whole files (so a file's module-scoped engine runs are
+# made once): while one worker's engine runs use the CPU, the other's Docker builds, Slurm
+# jobs and process start-ups wait on the disk and on daemons.
+PARALLEL = ["-n", "2", "--dist", "loadfile"]
 
 
 @nox.session
@@ -109,7 +109,7 @@ def tests(session: nox.Session) -> None:
 
     Unit tests need only the kit; the integration tests drive the real vLLM CPU engine, so
     pytest runs with that environment's python (which holds vLLM, torch and the kit).
-    `nox -s tests -- ARGS` passes ARGS to pytest instead (add `-n 2 --dist loadgroup` to
+    `nox -s tests -- ARGS` passes ARGS to pytest instead (add `-n 2 --dist loadfile` to
     keep the parallel workers).
     """
     session.install("-e", ".")

@@ -20,6 +20,8 @@ Reported per kit (medians over the repeats), as one JSON object:
   settling, grading, artifact validation and writing);
 - `import_s`: the vLLM import the kit's engine process records (`run.phases_s.import`; the
   baseline pays one too), and `share_kit_overhead_beyond_import`: the overhead without it;
+  `share_kit_overhead_beyond_baseline`: the overhead less what the baseline of the same
+  repeat spends outside boot and `generate()` (vLLM's import, engine shutdowns, exit);
 - `boots`: engine boots of the run, counted in its logs (vLLM logs one "init engine" line
   per boot); the baseline's are counted by the baseline itself (4);
 - `kit_cpu_s`, `baseline_cpu_s`, `ratio_cpu`: the same comparison in CPU seconds (user +
@@ -109,6 +111,8 @@ def summarize(kit_runs: list[dict], baselines: list[dict]) -> dict:
     for run, base in zip(kit_runs, baselines, strict=True):
         phases, wall = run["phases_s"], run["wall_s"]
         overhead = wall - phases.get("boot", 0.0) - phases.get("generate", 0.0)
+        # What raw vLLM itself spends outside boot and generate(): import, shutdowns, exit.
+        engine_own = base["wall_s"] - base["boot_s"] - base["generate_s"]
         each.append(
             {
                 "ratio": wall / base["wall_s"],
@@ -116,6 +120,7 @@ def summarize(kit_runs: list[dict], baselines: list[dict]) -> dict:
                 "kit_overhead_s": overhead,
                 "share_kit_overhead": overhead / wall,
                 "share_kit_overhead_beyond_import": (overhead - phases.get("import", 0.0)) / wall,
+                "share_kit_overhead_beyond_baseline": (overhead - engine_own) / wall,
             }
         )
     phase_names = sorted({name for r in kit_runs for name in r["phases_s"]})

@@ -57,21 +57,3 @@ def run_kit(engine_python):
 
     return run
 
-
-# Files whose tests share one Docker daemon (its image builds and layer cache): under
-# pytest-xdist they run on one worker, one after the other.
-DOCKER_FILES = {"test_containers.py", "test_cuda_image.py", "test_handoff.py"}
-
-
-def pytest_configure(config):
-    # pytest-xdist registers it too; without xdist the mark is inert.
-    config.addinivalue_line("markers", "xdist_group(name): run with the group's other tests")
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    """Under `--dist loadgroup` (nox -s tests), each file runs whole on one worker, so its
-    module-scoped engine runs are made once; the Docker files share a worker."""
-    for item in items:
-        name = item.path.name
-        item.add_marker(pytest.mark.xdist_group("docker" if name in DOCKER_FILES else name))
