@@ -56,4 +56,3 @@ def run_kit(engine_python):
         )
 
     return run
-

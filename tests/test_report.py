@@ -310,8 +310,7 @@ def test_a_miss_that_its_kept_answer_contradicts_is_named():
     assert check_verdict(doc).problems == []
     doc["figures"]["waves"][0]["per_request"][5]["apc_answer"] = " 82423567"
     assert check_verdict(doc).problems == [
-        "wave1 request 5: apc_miss recorded False, but its answer ' 82423567' lacks the code "
-        "824568"
+        "wave1 request 5: apc_miss recorded False, but its answer ' 82423567' lacks the code 824568"
     ]
 
 
