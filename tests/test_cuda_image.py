@@ -476,14 +476,14 @@ def test_a_gpu_run_refuses_unpinned_weights_unless_allowed(tmp_path):
 
 
 def test_the_artifact_records_the_weights_pin(monkeypatch):
-    from repro import evidence
+    from repro.evidence import record
     from repro.profiles import get_profile
 
     profile = get_profile("qwen3.6-27b-fp8")
     monkeypatch.setenv("REPRO_WEIGHTS_PIN", json.dumps({"revision": "b" * 40, "pinned": True}))
-    assert evidence._weights_revision(profile) == "b" * 40
+    assert record._weights_revision(profile) == "b" * 40
     monkeypatch.setenv("REPRO_WEIGHTS_PIN", json.dumps({"revision": None, "pinned": False}))
-    assert evidence._weights_revision(profile) is None
+    assert record._weights_revision(profile) is None
     from repro.artifact import redact_env
 
     assert "REPRO_WEIGHTS_PIN" in redact_env()  # so every artifact's environment carries it

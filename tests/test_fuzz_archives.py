@@ -38,8 +38,8 @@ from crafted_archives import gnu_sparse_member
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from repro import bundle, bundle_verify
 from repro.containers import handoff
+from repro.evidence import archive, bundle, verify
 from repro.installset import InstallSetError
 from repro.installset.pack import split_file
 from repro.installset.unpack import install
@@ -184,19 +184,19 @@ def test_verify_names_every_crafted_bundle(
     work = tmp_path_factory.mktemp("verify-case")
     base = sorted(good_bundle.items())[: max(1, len(good_bundle) * keep // 100)]
     tar = tar_of(base, crafted, mutations)
-    data = {"bomb": gzip_bomb(), "plain": tar}.get(wrapping) or bundle.gzip_bytes(tar)
+    data = {"bomb": gzip_bomb(), "plain": tar}.get(wrapping) or archive.gzip_bytes(tar)
     if wrapping == "truncated":
         data = data[: len(data) // 2]
     elif wrapping == "trailing":
         data += b"extra"
     path = work / "case.tar.gz"
     path.write_bytes(data)
-    old_cap = bundle_verify.MAX_UNCOMPRESSED_BYTES
-    bundle_verify.MAX_UNCOMPRESSED_BYTES = 16 << 20
+    old_cap = archive.MAX_UNCOMPRESSED_BYTES
+    archive.MAX_UNCOMPRESSED_BYTES = 16 << 20
     try:
-        result, peak = _measured(lambda: bundle_verify.verify_bundle(path))
+        result, peak = _measured(lambda: verify.verify_bundle(path))
     finally:
-        bundle_verify.MAX_UNCOMPRESSED_BYTES = old_cap
+        archive.MAX_UNCOMPRESSED_BYTES = old_cap
     assert os.listdir(work) == ["case.tar.gz"], "verify wrote something"
     assert peak < MEMORY_BOUND, f"verify held {peak} bytes"
     assert not (crafted and result.ok), "a crafted member passed verify"

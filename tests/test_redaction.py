@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from repro import bundle, redaction, runner
+from repro import redaction, runner
 from repro.artifact import redact_env, scan_document
 from repro.containers import build
+from repro.evidence import bundle
+from repro.evidence.runs import EvidenceError
 from repro.profiles import get_profile
-from repro.runset import EvidenceError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "runs"
 # Made-up credentials in each format the scanner knows (none of them is real).

@@ -30,11 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from repro import KIT_SOURCE
 from repro.artifact import schema_violations
 from repro.atomicio import write_json_atomic
 from repro.errors import ReproError
 from repro.fanout import cell
 from repro.fanout.conditions import Condition
+from repro.profiles import parse_overrides
 
 SKIPPED = ("inconclusive", "error")
 
@@ -253,8 +255,6 @@ def commit_env(commit: str, wheel_url: str, *, kit_source: Path, log=print) -> P
 
 
 def cmd_bisect(args) -> int:
-    from repro.cli import KIT_SOURCE, _parse_overrides
-
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
@@ -271,7 +271,7 @@ def cmd_bisect(args) -> int:
         refs = commit_refs(args.bad, args.good, commits)
     else:
         refs = release_refs(args.bad, args.good, cell.index_releases())
-    overrides = _parse_overrides(args.override)
+    overrides = parse_overrides(args.override)
     log(f"[bisect] {len(refs)} refs from bad {refs[0]} to good {refs[-1]}: {' '.join(refs)}")
 
     def probe(ref: str) -> Probe:

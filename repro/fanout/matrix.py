@@ -28,12 +28,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from repro import report
+from repro import KIT_SOURCE
 from repro.artifact import schema_violations
 from repro.atomicio import write_json_atomic, write_text_atomic
 from repro.errors import ReproError
+from repro.evidence import report
 from repro.fanout import cell, conditions
 from repro.fanout.conditions import BadCondition, Condition
+from repro.profiles import parse_overrides
 
 MATRIX_JSON = "matrix.json"
 MATRIX_MD = "MATRIX.md"
@@ -50,26 +52,6 @@ class Plan:
     environments: list[dict[str, Any]] = field(default_factory=list)
     slurm: dict[str, Any] | None = None
     started: float = field(default_factory=time.monotonic)
-
-
-def condition_from_spec(spec: dict[str, Any]) -> Condition | BadCondition:
-    if "problem" in spec:
-        return BadCondition(name=spec["name"], problem=spec["problem"], line=spec.get("line"))
-    return Condition(
-        name=spec["name"],
-        vllm=spec["vllm"],
-        patches=tuple(Path(p) for p in spec["patch_paths"]),
-        overrides=spec["overrides"],
-        profile=spec["profile"],
-        arms=tuple(spec["arms"]),
-        inject_fault=spec["inject_fault"],
-    )
-
-
-def condition_spec(item: Condition | BadCondition) -> dict[str, Any]:
-    if isinstance(item, BadCondition):
-        return item.as_record()
-    return {**item.as_record(), "patch_paths": [str(p) for p in item.patches]}
 
 
 # --- planning --------------------------------------------------------------------------------
@@ -341,19 +323,16 @@ def load_items(args) -> tuple[list[Condition | BadCondition], Path | None]:
         return conditions.load(args.conditions), args.conditions.resolve()
     if not args.vllm:
         raise ReproError("give --conditions FILE.toml or at least one --vllm RELEASE")
-    from repro.cli import _parse_overrides
-
     return conditions.from_flags(
         vllm=args.vllm,
         patches=args.patch,
-        overrides=_parse_overrides(args.override),
+        overrides=parse_overrides(args.override),
         profile=args.profile,
         fault=args.inject_fault,
     ), None
 
 
 def cmd_matrix(args) -> int:
-    from repro.cli import KIT_SOURCE
     from repro.fanout import slurm
 
     def log(message: str) -> None:

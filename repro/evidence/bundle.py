@@ -35,17 +35,17 @@ import hashlib
 import json
 import os
 import re
-import tarfile
-import zlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from repro import __version__, redaction
+from repro import KIT_SOURCE, __version__, redaction
+from repro.artifact import schema_violations
 from repro.atomicio import write_bytes_atomic, write_text_atomic
-from repro.runset import (
+from repro.evidence.archive import gzip_bytes, tar_bytes
+from repro.evidence.report import render
+from repro.evidence.runs import (
     IMAGE_IMPORT_NAME,
     IMAGE_RECORD_NAME,
     WEIGHTS_MANIFEST_NAME,
@@ -54,18 +54,16 @@ from repro.runset import (
     load_run_dir,
     parse_json,
 )
+from repro.evidence.verdicts import check_verdict
 
 MANIFEST_NAME = "MANIFEST.json"
 SUMMARY_NAME = "SUMMARY.md"
 # The short view of a log: enough for the engine banner and the verdict lines at the end.
 EXCERPT_HEAD_BYTES = 4096
 EXCERPT_TAIL_BYTES = 4096
-MEMBER_MODE = 0o644
 # Members must be plain names the manifest schema accepts (no spaces, no '..').
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
-_DEFAULT_IMAGES_DIR = Path(__file__).resolve().parent.parent / "artifacts" / "images"
-# gzip header: magic, deflate, no flags, mtime 0, XFL 2 (best compression), OS 255 (unknown).
-GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff"
+_DEFAULT_IMAGES_DIR = KIT_SOURCE / "artifacts" / "images"
 
 
 @dataclass(frozen=True)
@@ -81,47 +79,6 @@ class BundleResult:
     sha256: str
     bytes: int
     manifest: dict[str, Any]
-
-
-# --- deterministic archive bytes -----------------------------------------------------------
-
-
-def tar_bytes(files: dict[str, bytes], mtime: int) -> bytes:
-    """The uncompressed tar of ``files`` (path -> bytes): sorted, fixed metadata, no dirs."""
-    return b"".join(tar_chunks(files, mtime))
-
-
-def tar_chunks(files: dict[str, bytes], mtime: int) -> Iterator[bytes]:
-    """`tar_bytes` piece by piece (header, data, padding, ..., end blocks), as tarfile writes
-    them: `repro verify` compares a received tar with this without a second copy in memory."""
-    size = 0
-    for path in sorted(files):
-        data = files[path]
-        info = tarfile.TarInfo(path)
-        info.size = len(data)
-        info.mtime = mtime
-        info.mode = MEMBER_MODE
-        info.uid = info.gid = 0
-        info.uname = info.gname = ""
-        info.type = tarfile.REGTYPE
-        header = info.tobuf(tarfile.PAX_FORMAT, tarfile.ENCODING, "surrogateescape")
-        padding = -len(data) % tarfile.BLOCKSIZE
-        yield header
-        yield data
-        yield bytes(padding)
-        size += len(header) + len(data) + padding
-    size += 2 * tarfile.BLOCKSIZE
-    yield bytes(2 * tarfile.BLOCKSIZE + (-size % tarfile.RECORDSIZE))
-
-
-def gzip_bytes(data: bytes) -> bytes:
-    """One gzip member with a fixed header (mtime 0, no name) around ``data``."""
-    deflate = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
-    body = deflate.compress(data) + deflate.flush()
-    trailer = (zlib.crc32(data) & 0xFFFFFFFF).to_bytes(4, "little") + (
-        len(data) & 0xFFFFFFFF
-    ).to_bytes(4, "little")
-    return GZIP_HEADER + body + trailer
 
 
 def log_excerpt(data: bytes) -> bytes:
@@ -200,8 +157,6 @@ def _safe_name(name: str, where: Path) -> str:
 
 def collect_run(run_dir: Path, label: str, images_dir: Path | None) -> tuple[Run, list[Member]]:
     """Everything of one run directory that goes into the bundle, checked."""
-    from repro.verdict_check import check_verdict
-
     run = load_run_dir(run_dir)
     run.label = label
     prefix = f"runs/{label}/"
@@ -321,9 +276,6 @@ def build_bundle(
     environ: dict[str, str] | None = None,
 ) -> BundleResult:
     """Write the bundle of ``run_dirs`` to ``out`` (and ``out``.sha256), atomically."""
-    from repro.artifact import schema_violations
-    from repro.report import render
-
     if not run_dirs:
         raise EvidenceError("no run directories given; name at least one")
     if not out.name.endswith((".tar.gz", ".tgz")):
@@ -390,9 +342,7 @@ __all__ = [
     "BundleResult",
     "build_bundle",
     "collect_run",
-    "gzip_bytes",
     "log_excerpt",
     "resolve_created",
-    "tar_bytes",
     "unique_labels",
 ]

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from repro import __version__
-from repro.runset import ARM_ORDER, Run
+from repro.evidence.runs import ARM_ORDER, Run
 
 ARM_TITLES = {"cold-race": "Cold-race", "multi-turn": "Multi-turn"}
 MARK = {"corrupted": "🔴", "clean": "✅", "inconclusive": "⚠️", "error": "❌"}
