@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from repro.atomicio import sha256_file, write_json_atomic
+from repro.clock import utc_text
 from repro.containers import build as build_mod
 from repro.containers import pins as pins_mod
 from repro.containers.refs import VllmRef, parse_vllm_ref
@@ -475,7 +476,7 @@ def build_cuda_image(
         )
     kit = envinfo.collect_kit(build_mod.REPO)
     epoch = _commit_epoch(kit.get("git_commit"))
-    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch or time.time()))
+    created = utc_text(epoch)
     patch_records = [{"path": p.name, "sha256": sha256_file(p)} for p in patches]
     labels = labels_for(
         source=source,
@@ -569,7 +570,7 @@ def build_cuda_image(
         "check": check,
         "kit": kit,
         "build": {
-            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - seconds)),
+            "started_at": utc_text(time.time() - seconds),
             "duration_s": round(seconds, 3),
             "steps": steps,
             "cached_steps": cached,

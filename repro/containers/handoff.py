@@ -44,7 +44,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from repro import __version__
-from repro.atomicio import open_atomic, write_json_atomic, write_text_atomic
+from repro.atomicio import open_atomic, sha256_stream, write_json_atomic, write_text_atomic
+from repro.clock import utc_text
 from repro.errors import ReproError
 
 DEFAULT_IMAGES_DIR = Path(__file__).resolve().parent.parent.parent / "artifacts" / "images"
@@ -89,10 +90,6 @@ def _validate(doc: Any, schema: str, where: str) -> None:
     if violations:
         lines = "\n".join(f"  - {v}" for v in violations)
         raise HandoffError(f"{where} does not match schemas/{schema}.v1.schema.json:\n{lines}")
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def _find_build_record(images_dir: Path | None, image_id: str) -> dict[str, Any] | None:
@@ -147,7 +144,7 @@ def export_image(
             "labels": dict(image.labels or {}),
             "size_bytes": int(image.attrs.get("Size") or 0),
         },
-        "exported_at": _now(),
+        "exported_at": utc_text(),
         "kit": {"name": "repro-kit", "version": __version__},
         "build_record": build_record,
     }
@@ -174,17 +171,6 @@ def read_archive_record(archive: Path, record: Path | None = None) -> tuple[dict
         raise HandoffError(f"{path}: not JSON ({exc})") from exc
     _validate(doc, "image-archive", str(path))
     return doc, raw, path
-
-
-def _hash_handle(handle: BinaryIO) -> tuple[str, int]:
-    handle.seek(0)
-    digest = hashlib.sha256()
-    size = 0
-    while chunk := handle.read(_CHUNK):
-        digest.update(chunk)
-        size += len(chunk)
-    handle.seek(0)
-    return digest.hexdigest(), size
 
 
 # Annotations by which `docker load` (containerd image store) names what it loads.
@@ -442,7 +428,8 @@ def import_image(
     if not archive.is_file():
         raise HandoffError(f"{archive}: no such archive")
     with open(archive, "rb") as handle:
-        sha256, size = _hash_handle(handle)
+        sha256, size = sha256_stream(handle)
+        handle.seek(0)
         if sha256 != doc["archive"]["sha256"] or size != doc["archive"]["bytes"]:
             raise HandoffError(
                 f"{archive}: sha256 {sha256} ({size} bytes) does not match the record's "
@@ -527,7 +514,7 @@ def import_image(
         "image": {"id": expected_id, "tags": tags, "labels": expected_labels},
         "archive": {"file": archive.name, "bytes": size, "sha256": sha256},
         "record": {"file": record_file.name, "sha256": hashlib.sha256(raw_record).hexdigest()},
-        "imported_at": _now(),
+        "imported_at": utc_text(),
         "kit": {"name": "repro-kit", "version": __version__},
         "checks": checks,
     }

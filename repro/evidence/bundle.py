@@ -36,13 +36,14 @@ import json
 import os
 import re
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from repro import KIT_SOURCE, __version__, redaction
 from repro.artifact import schema_violations
 from repro.atomicio import write_bytes_atomic, write_text_atomic
+from repro.clock import utc_text
 from repro.evidence.archive import gzip_bytes, tar_bytes
 from repro.evidence.report import render
 from repro.evidence.runs import (
@@ -111,27 +112,22 @@ def parse_timestamp(text: str) -> datetime:
     return value
 
 
-def format_timestamp(value: datetime) -> str:
-    return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def resolve_created(
     runs: list[Run], created: str | None = None, environ: dict[str, str] | None = None
 ) -> tuple[str, str]:
     """(created, where it came from): --created, else SOURCE_DATE_EPOCH, else the inputs."""
     environ = os.environ if environ is None else environ
     if created:
-        return format_timestamp(parse_timestamp(created)), "--created"
+        return utc_text(parse_timestamp(created)), "--created"
     epoch = environ.get("SOURCE_DATE_EPOCH")
     if epoch:
         if not epoch.isdigit():
             raise EvidenceError(f"SOURCE_DATE_EPOCH must be whole seconds, found {epoch!r}")
-        stamp = datetime.fromtimestamp(int(epoch), tz=timezone.utc)
-        return format_timestamp(stamp), "SOURCE_DATE_EPOCH"
+        return utc_text(int(epoch)), "SOURCE_DATE_EPOCH"
     newest = max(
         parse_timestamp(doc["run"]["finished_at"]) for run in runs for doc in run.documents.values()
     )
-    return format_timestamp(newest), "newest-artifact"
+    return utc_text(newest), "newest-artifact"
 
 
 # --- collecting a run's files --------------------------------------------------------------

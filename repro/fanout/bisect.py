@@ -20,7 +20,6 @@ the probes in order and the run directories on either side of the change.
 
 from __future__ import annotations
 
-import datetime as dt
 import html.parser
 import sys
 import urllib.parse
@@ -33,6 +32,7 @@ from typing import Any
 from repro import KIT_SOURCE
 from repro.artifact import schema_violations
 from repro.atomicio import write_json_atomic
+from repro.clock import utc_text
 from repro.errors import ReproError
 from repro.fanout import cell
 from repro.fanout.conditions import Condition
@@ -328,9 +328,7 @@ def cmd_bisect(args) -> int:
     doc = {
         "format": "repro-bisect",
         "format_version": 1,
-        "created": dt.datetime.now(dt.timezone.utc)
-        .isoformat(timespec="seconds")
-        .replace("+00:00", "Z"),
+        "created": utc_text(),
         "arm": args.arm,
         "bad": args.bad,
         "good": args.good,

@@ -32,7 +32,7 @@ from typing import Any
 
 import tomllib
 
-from repro import patching
+from repro.atomicio import sha256_file
 from repro.errors import ReproError
 from repro.profiles import PROFILES
 
@@ -94,7 +94,7 @@ class BadCondition:
 
 
 def _sha256_or_missing(path: Path) -> str:
-    return patching.sha256_of(path) if path.is_file() else f"missing:{path}"
+    return sha256_file(path) if path.is_file() else f"missing:{path}"
 
 
 def load(path: Path) -> list[Condition | BadCondition]:

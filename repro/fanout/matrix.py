@@ -19,7 +19,6 @@ command ends by naming the cells to re-run, and exits 1 when there are any.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import sys
@@ -31,6 +30,7 @@ from typing import Any
 from repro import KIT_SOURCE
 from repro.artifact import schema_violations
 from repro.atomicio import write_json_atomic, write_text_atomic
+from repro.clock import utc_compact, utc_text
 from repro.errors import ReproError
 from repro.evidence import report
 from repro.fanout import cell, conditions
@@ -83,7 +83,7 @@ def plan(items: list[Condition | BadCondition], out_dir: Path, *, log=print) -> 
             log(f"[matrix] {item.name}: kept (finished, same content hash)")
             continue
         if cell_dir.exists():
-            stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+            stamp = utc_compact()
             target = out_dir / SUPERSEDED / f"{item.name}.{stamp}"
             target.parent.mkdir(parents=True, exist_ok=True)
             os.replace(cell_dir, target)
@@ -159,9 +159,7 @@ def collect(p: Plan, *, executor: str, conditions_file: Path | None) -> dict[str
     return {
         "format": "repro-matrix",
         "format_version": 1,
-        "created": dt.datetime.now(dt.timezone.utc)
-        .isoformat(timespec="seconds")
-        .replace("+00:00", "Z"),
+        "created": utc_text(),
         "conditions_file": str(conditions_file) if conditions_file else None,
         "executor": executor,
         "conditions": [i.as_record() for i in p.items],
