@@ -829,7 +829,7 @@ def cmd_cuda_lock(args: argparse.Namespace) -> int:
     from repro.atomicio import write_json_atomic
     from repro.containers import build, cuda
     from repro.installset.lock import make_lock
-    from repro.installset.target import Target
+    from repro.installset.host import Target
 
     variant = args.cuda or cuda.DEFAULT_VARIANT
     source = cuda.vllm_source(args.vllm, variant)
