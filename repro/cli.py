@@ -828,8 +828,8 @@ def _cuda_lock_path(args: argparse.Namespace, ref: str) -> Path:
 def cmd_cuda_lock(args: argparse.Namespace) -> int:
     from repro.atomicio import write_json_atomic
     from repro.containers import build, cuda
-    from repro.installset.lock import make_lock
     from repro.installset.host import Target
+    from repro.installset.lock import make_lock
 
     variant = args.cuda or cuda.DEFAULT_VARIANT
     source = cuda.vllm_source(args.vllm, variant)

@@ -189,7 +189,10 @@ class FakeUv:
         if "numba" not in overridden:
             raise UvFailed("No solution found: vllm==0.26.0 depends on numba==0.65.0 …")
         locked = [_locked("vllm", "0.26.0", 300), _locked("pydantic", "2.14.4")]
-        locked += [_locked("numba", "0.68.0+installset.host"), _locked("torch", "2.11.0+installset.host")]
+        locked += [
+            _locked("numba", "0.68.0+installset.host"),
+            _locked("torch", "2.11.0+installset.host"),
+        ]
         if "flashinfer-python" not in excludes:
             locked += [_locked("flashinfer-python", "0.6.14", 5000), _locked("cuda-tile", "1.7")]
         return locked
