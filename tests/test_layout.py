@@ -149,10 +149,12 @@ def test_the_circle_finder_finds_circles(tmp_path, files, circle):
 
 
 def _map_entries() -> dict[str, str]:
-    """``{path: line}`` of the module map: lines ``- `repro/…py` …`` under its heading."""
+    """``{path: entry}`` of the module map: items ``- `repro/…py` …`` (continued on indented
+    lines) under its heading."""
     text = DESIGN.read_text(encoding="utf-8")
     section = text.split("## Module map", 1)[1].split("\n## ", 1)[0]
-    return {m[1]: m[0] for m in re.finditer(r"^- `([\w/]+\.py)`.*$", section, re.M)}
+    items = re.finditer(r"^- `([\w/]+\.py)`(.*(?:\n  .*)*)", section, re.M)
+    return {m[1]: " ".join(m[2].split()) for m in items}
 
 
 def test_the_module_map_names_every_module_once_and_no_other():

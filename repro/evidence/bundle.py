@@ -5,7 +5,7 @@
     MANIFEST.json                     every other file: path, kind, bytes, sha256 (schema:
                                       schemas/bundle-manifest.v1.schema.json), creation time,
                                       kit version, the runs
-    SUMMARY.md                        the report (`repro.report`) of the runs, as pasted
+    SUMMARY.md                        the report (`repro.evidence.report`) of the runs, as pasted
     runs/<label>/<arm>.json           the run artifacts, byte for byte as the run wrote them
     runs/<label>/logs/<name>          the full logs
     runs/<label>/log-excerpts/<name>  a short view of each log: its first and last 4 KiB
@@ -26,7 +26,7 @@ uncompressed tar, which does not depend on it.
 
 Inputs are checked before anything is written: every artifact must be schema-valid, every log
 an artifact records must be present with the sha256 it recorded, and every recorded verdict
-must follow from its figures (`repro.verdict_check`). Output files are written atomically.
+must follow from its figures (`repro.evidence.verdicts`). Output files are written atomically.
 """
 
 from __future__ import annotations

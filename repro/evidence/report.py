@@ -406,7 +406,7 @@ def matrix_table(rows: dict[str, dict[str, list[dict[str, Any]]]]) -> list[str]:
 
 
 def render(runs: list[Run]) -> str:
-    """The whole report for ``runs`` (run directories or bundles, see `repro.runset`)."""
+    """The whole report for ``runs`` (run directories or bundles, see `repro.evidence.runs`)."""
     lines = [
         "## Hybrid-Mamba prefix-cache corruption: repro-kit results",
         "",
