@@ -96,6 +96,11 @@ class RequestResult:
     divergence: float | None = None  # logprob signal
     apc_miss: bool | None = None  # needle signal
     control_miss: bool | None = None
+    # Needle signal: the code asked for and both answers, kept so a report can say what a
+    # needle was corrupted to and anyone can re-check each miss. Not read by the grading.
+    code: str | None = None
+    apc_answer: str | None = None
+    control_answer: str | None = None
 
     @property
     def read_cache(self) -> bool:

@@ -125,7 +125,11 @@ class Manual:
 
 
 def sized_manual(
-    *, target_tokens: int, count_tokens: CountTokens, num_needles: int | None = None
+    *,
+    target_tokens: int,
+    count_tokens: CountTokens,
+    num_needles: int | None = None,
+    code_seed: int = CODE_SEED,
 ) -> tuple[Manual, int]:
     """The manual closest to `target_tokens` (question excluded), and its token count.
 
@@ -133,11 +137,12 @@ def sized_manual(
     is too small for that many facts passes fewer (and says so in `docs/fidelity.md`).
     Token counts grow with the filler count, so it is searched: doubled until the target is
     reached, then bisected; of the two neighbours the closer wins, the shorter on a tie.
+    `code_seed` draws other codes: a manual that shares no block with upstream's.
     """
     count = needle_count(target_tokens) if num_needles is None else num_needles
     if count < 1:
         raise ValueError(f"a manual needs at least one fact; got num_needles={count}")
-    codes = make_codes(count)
+    codes = make_codes(count, code_seed)
     sizes: dict[int, int] = {}
 
     def size(filler: int) -> int:
@@ -189,10 +194,10 @@ def cold_race_waves(manual: Manual, copies: int) -> ColdRaceWaves:
     )
 
 
-def multi_turn_first(manual: Manual, count: int) -> list[str]:
-    """First turns: the procedure of vault 0, 1, ... count-1 (numbers past the manual's last
-    fact are asked too, as upstream does: the answer is decoded, never graded)."""
-    return [manual.procedure_prompt(i) for i in range(count)]
+def multi_turn_first(manuals: list[Manual]) -> list[str]:
+    """First turns: request i asks its manual for the procedure of vault i (numbers past the
+    manual's last fact are asked too, as upstream does: the answer is decoded, never graded)."""
+    return [manual.procedure_prompt(i) for i, manual in enumerate(manuals)]
 
 
 def second_turn_vault(index: int, num_needles: int) -> int:

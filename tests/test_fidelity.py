@@ -197,6 +197,19 @@ def teardown(p):
     return "shutdown + gc.collect()"
 
 
+def multi_turn_prompts(p):
+    from repro.arms.multi_turn import first_turn_manuals
+
+    sizes = geometry.multi_turn_sizes(block(p), max_model_len=p.max_model_len)
+    count_words = lambda text: len(text.split())  # noqa: E731 - sizing only
+    manuals, _ = first_turn_manuals(p, sizes, count_words)
+    n = len(manuals)
+    if len(set(manuals)) == 1:
+        return f"{n}, one shared manual"
+    assert len(set(manuals)) == n
+    return f"{n}, one manual each (own codes)"
+
+
 VALUES = {
     "speculative_config": lambda p: json.dumps(settings(p, "cold-race")["speculative_config"]),
     "max_model_len": lambda p: json.dumps(settings(p, "cold-race")["max_model_len"]),
@@ -246,7 +259,7 @@ VALUES = {
     "liveness.fit": lambda p: f"3 B + {geometry.LIVENESS_HEADROOM_TOKENS} <= max_model_len",
     "liveness.read": liveness_read,
     "liveness.evidence": liveness_evidence,
-    "multi_turn.prompts": lambda p: f"{geometry.MULTI_TURN_PROMPTS}, one shared manual",
+    "multi_turn.prompts": multi_turn_prompts,
     "multi_turn.manual": multi_turn_manual,
     "multi_turn.turn1": turn_one,
     "multi_turn.turn2": turn_two,

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from repro import geometry, prompts
+from repro import geometry, profiles, prompts
 from repro.errors import GeometryUnsupported
 
 
@@ -137,7 +137,7 @@ def test_cold_race_waves_ask_near_end_then_every_fact():
 
 def test_multi_turn_turns():
     manual = prompts.Manual(prompts.make_codes(26), filler_count=40)
-    first = prompts.multi_turn_first(manual, 32)
+    first = prompts.multi_turn_first([manual] * 32)
     assert len(first) == 32 and len(set(first)) == 32
     assert first[31] == manual.text() + (
         "Question: Describe, step by step, the procedure for opening vault-31.\nAnswer:"
@@ -147,6 +147,22 @@ def test_multi_turn_turns():
     assert all(v != i for i, v in enumerate(vaults) if i < 26)  # a different vault
     turn_two = prompts.second_turn(first[0], " Step one.", 3)
     assert turn_two == first[0] + " Step one.\n\n" + prompts.needle_question(3)
+
+
+def test_multi_turn_manuals_shared_on_needle_profiles_one_per_turn_on_logprob():
+    from repro.arms.multi_turn import first_turn_manuals
+
+    sizes = geometry.multi_turn_sizes(1024, max_model_len=10240)
+    shared, tokens = first_turn_manuals(profiles.NEMOTRON, sizes, count_words)
+    assert len(shared) == 32 and set(shared) == {shared[0]} and len(set(tokens)) == 1
+    assert shared[0].codes == prompts.make_codes(shared[0].num_needles)  # upstream's codes
+
+    own, tokens = first_turn_manuals(profiles.TINY, sizes, count_words)
+    assert len(own) == 32 and len(tokens) == 32
+    assert all(abs(t - sizes.manual_tokens) <= 15 for t in tokens)
+    # Each differs from every other by the first fact, a few sentences in: no shared block.
+    first_facts = {m.text().split(prompts.fact_line(0, m.codes[0]))[0] + m.codes[0] for m in own}
+    assert len(first_facts) == 32
 
 
 def test_miss_is_code_not_in_output():

@@ -285,6 +285,37 @@ def test_per_request_figures_name_needle_misses_and_skip_figureless_records():
     assert report.per_request_lines(error) == []
 
 
+def test_seed_shape_names_what_the_needle_was_corrupted_to():
+    doc = needle("cold-race", "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16", 4, forward=3)
+    wave1 = doc["figures"]["waves"][0]
+    answers = [" 82423567", " 82447757", " 82423567"]
+    for i, request in enumerate(wave1["per_request"]):
+        wrong = answers[i] if request["apc_miss"] else " 824568"
+        request.update(code="824568", apc_answer=wrong, control_answer=" 824568")
+    wave1["apc"]["distinct_outputs"] = 3
+    doc = regraded(doc)
+    assert report.wave_numbers(doc)[0].startswith(
+        "wave1: 16 identical prompts → 3 distinct outputs "
+        "(needle 824568 corrupted to 82423567 / 82447757); control: 1"
+    )
+    # Older needle artifacts keep no answers: the phrase says no more than they hold.
+    for request in wave1["per_request"]:
+        for key in ("code", "apc_answer", "control_answer"):
+            request.pop(key)
+    assert "corrupted to" not in report.wave_numbers(doc)[0]
+
+
+def test_a_miss_that_its_kept_answer_contradicts_is_named():
+    doc = needle("cold-race", "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16", 4, forward=0)
+    for request in doc["figures"]["waves"][0]["per_request"]:
+        request.update(code="824568", apc_answer=" 824568", control_answer=" 824568")
+    assert check_verdict(doc).problems == []
+    doc["figures"]["waves"][0]["per_request"][5]["apc_answer"] = " 82423567"
+    assert check_verdict(doc).problems == [
+        "wave1 request 5: apc_miss recorded False, but its answer ' 82423567' lacks the code 824568"
+    ]
+
+
 def test_gpu_hardware_and_image_lines():
     doc = needle("multi-turn", "Qwen/Qwen3.6-27B-FP8", 1, forward=14)
     doc["run"]["location"] = {

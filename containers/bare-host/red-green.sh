@@ -16,6 +16,8 @@
 #   pip download --only-binary=:all: --python-version 3.12 --platform manylinux_2_17_x86_64 \
 #     -d WHEELS 'jsonschema[format-nongpl]'
 # The install phase checks that artifacts can be validated, so a missing wheel stops it there.
+# REPRO_RUN_ARGS: more arguments for each `repro run` (e.g. "--override async_scheduling=false"
+# or "--inject-fault"); REPRO_TAG names that variant's run directories (OUT/stock-TAG/...).
 set -euo pipefail
 parts=$1 out=$2
 patch=${3:-containers/patches/vllm-0.26.0-pr51113-mamba-chunk-split.diff}
@@ -38,13 +40,15 @@ for phase in $phases; do
         'from repro.artifact import require_validation; require_validation()'
       rm -rf "$patched"
       t cp -a "$stock" "$patched"
-      t env PYTHONPATH="$kit" python3 -m repro patch --site "$patched" "$patch"
+      # The kit's CLI imports jsonschema, which the host has only through the install set.
+      t env PYTHONPATH="$stock:$kit" python3 -m repro patch --site "$patched" "$patch"
       ;;
     stock | patched)
       site=$stock
       [ "$phase" = patched ] && site=$patched
       t env PYTHONPATH="$site:$kit" python3 -m repro run --profile "${REPRO_PROFILE:-tiny}" --device cuda \
-        --out "$out/$phase" ${REPRO_ARMS:+--arms $REPRO_ARMS} || true
+        --out "$out/$phase${REPRO_TAG:+-$REPRO_TAG}" ${REPRO_ARMS:+--arms $REPRO_ARMS} \
+        ${REPRO_RUN_ARGS:-} || true
       ;;
     *) echo "red-green: unknown phase $phase (expected install, stock or patched)" >&2; exit 2 ;;
   esac

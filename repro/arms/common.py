@@ -155,6 +155,9 @@ def compare_wave(
                 divergence=grading.divergence(a.first_logprobs, c.first_logprobs),
                 apc_miss=prompts.is_miss(a.text, codes[index]) if codes else None,
                 control_miss=prompts.is_miss(c.text, codes[index]) if codes else None,
+                code=codes[index] if codes else None,
+                apc_answer=a.text if codes else None,
+                control_answer=c.text if codes else None,
             )
         )
     return grading.Wave(

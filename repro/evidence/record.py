@@ -182,10 +182,22 @@ def _wave_figures(
                 "apc_miss": r.apc_miss,
                 "control_miss": r.control_miss,
                 "flagged": bool(f),
+                **_answers(r),
             }
             for r, f in zip(wave.requests, flagged, strict=False)
         ],
         "extra": extra,
+    }
+
+
+def _answers(request: grading.RequestResult) -> dict[str, str]:
+    """The code and both answers, on the needle signal only (log-prob answers are noise)."""
+    if request.code is None:
+        return {}
+    return {
+        "code": request.code,
+        "apc_answer": request.apc_answer or "",
+        "control_answer": request.control_answer or "",
     }
 
 

@@ -62,8 +62,10 @@ def wave_numbers(doc: dict[str, Any]) -> list[str]:
         parts = []
         if extra.get("distinct_rule"):
             outputs = _plural(wave["apc"]["distinct_outputs"], "distinct output")
+            corrupted = _corrupted_needle(wave)
             parts.append(
-                f"{n} identical prompts → {outputs}; control: {wave['control']['distinct_outputs']}"
+                f"{n} identical prompts → {outputs}{corrupted}; "
+                f"control: {wave['control']['distinct_outputs']}"
             )
         parts.append(
             f"{wave['forward_flips']}/{n} one-sided flips vs control, "
@@ -74,6 +76,28 @@ def wave_numbers(doc: dict[str, Any]) -> list[str]:
         prefix = f"{wave['name']}: " if len(waves) > 1 else ""
         phrases.append(prefix + "; ".join(parts))
     return phrases
+
+
+# How many wrong answers the seed-shaped phrase names before it says "…".
+MAX_WRONG_ANSWERS_SHOWN = 3
+
+
+def _corrupted_needle(wave: dict[str, Any]) -> str:
+    """ " (needle X corrupted to Y / Z)", from the answers a needle artifact keeps; "" when it
+    keeps none (log-prob signal, older artifacts) or no APC answer missed."""
+    wrong: list[str] = []
+    code = None
+    for request in wave.get("per_request", []):
+        if request.get("apc_miss") and "apc_answer" in request:
+            code = request["code"]
+            answer = request["apc_answer"].strip() or "(empty)"
+            if answer not in wrong:
+                wrong.append(answer)
+    if not wrong:
+        return ""
+    shown = " / ".join(wrong[:MAX_WRONG_ANSWERS_SHOWN])
+    more = " / …" if len(wrong) > MAX_WRONG_ANSWERS_SHOWN else ""
+    return f" (needle {code} corrupted to {shown}{more})"
 
 
 def result_text(doc: dict[str, Any]) -> str:

@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from repro import grading
+from repro import grading, prompts
 
 
 def waves_from_document(doc: dict[str, Any]) -> tuple[list[grading.Wave], list[float]]:
@@ -41,6 +41,9 @@ def waves_from_document(doc: dict[str, Any]) -> tuple[list[grading.Wave], list[f
                         divergence=r["divergence"],
                         apc_miss=r["apc_miss"],
                         control_miss=r["control_miss"],
+                        code=r.get("code"),
+                        apc_answer=r.get("apc_answer"),
+                        control_answer=r.get("control_answer"),
                     )
                     for r in fig["per_request"]
                 ),
@@ -184,7 +187,26 @@ def check_verdict(doc: dict[str, Any]) -> VerdictCheck:
                 f"{wave['name']}: per-request 'flagged' marks disagree with the re-derived ones "
                 f"for request(s) {changed}"
             )
+    for wave in doc["figures"]["waves"]:
+        check.problems.extend(_misses_against_answers(wave))
     return check
+
+
+def _misses_against_answers(wave: dict[str, Any]) -> list[str]:
+    """Where a needle artifact keeps the answers, each miss must be what its answer says."""
+    problems = []
+    for r in wave["per_request"]:
+        if "code" not in r:
+            continue  # log-prob signal, or a needle artifact from before answers were kept
+        for side in ("apc", "control"):
+            miss = prompts.is_miss(r[f"{side}_answer"], r["code"])
+            if r[f"{side}_miss"] != miss:
+                problems.append(
+                    f"{wave['name']} request {r['index']}: {side}_miss recorded "
+                    f"{r[f'{side}_miss']}, but its answer {r[f'{side}_answer']!r} "
+                    f"{'lacks' if miss else 'holds'} the code {r['code']}"
+                )
+    return problems
 
 
 def _check_stopped(doc: dict[str, Any], verdict) -> VerdictCheck:

