@@ -43,12 +43,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from repro import __version__
+from repro import KIT_SOURCE, __version__
 from repro.atomicio import open_atomic, sha256_stream, write_json_atomic, write_text_atomic
 from repro.clock import utc_text
 from repro.errors import ReproError
 
-DEFAULT_IMAGES_DIR = Path(__file__).resolve().parent.parent.parent / "artifacts" / "images"
+DEFAULT_IMAGES_DIR = KIT_SOURCE / "artifacts" / "images"
 _CHUNK = 8 << 20
 _SMALL_MEMBER = 4 << 20
 
@@ -92,19 +92,22 @@ def _validate(doc: Any, schema: str, where: str) -> None:
         raise HandoffError(f"{where} does not match schemas/{schema}.v1.schema.json:\n{lines}")
 
 
-def _find_build_record(images_dir: Path | None, image_id: str) -> dict[str, Any] | None:
+def find_image_record(images_dir: Path | None, schema_tag: str, ids: set[str]) -> bytes | None:
+    """The bytes of a record (``schema`` ``schema_tag``) of one of the images ``ids`` in the
+    images folder, where build-image and import-image write them; None if there is none."""
     if images_dir is None or not images_dir.is_dir():
         return None
     for file in sorted(images_dir.glob("*.json")):
         if file.is_symlink():
             continue  # a record is a file the kit wrote here, never a link to one elsewhere
         try:
-            doc = json.loads(file.read_bytes())
+            data = file.read_bytes()
+            doc = json.loads(data)
         except (OSError, UnicodeDecodeError, json.JSONDecodeError):
             continue
-        if isinstance(doc, dict) and doc.get("schema") == "repro-kit/image-record":
-            if (doc.get("image") or {}).get("id") == image_id:
-                return doc
+        if isinstance(doc, dict) and doc.get("schema") == schema_tag:
+            if (doc.get("image") or {}).get("id") in ids:
+                return data
     return None
 
 
@@ -133,7 +136,8 @@ def export_image(
             digest.update(chunk)
             size += len(chunk)
     sha256 = digest.hexdigest()
-    build_record = _find_build_record(images_dir, image.id)
+    raw = find_image_record(images_dir, "repro-kit/image-record", {image.id})
+    build_record = json.loads(raw) if raw else None
     record = {
         "schema": "repro-kit/image-archive",
         "schema_version": 1,
@@ -575,6 +579,7 @@ def location_image(image_id: str, labels: dict[str, str], images_dir: Path = DEF
 
 __all__ = [
     "DEFAULT_IMAGES_DIR",
+    "find_image_record",
     "Exported",
     "HandoffError",
     "Imported",

@@ -40,10 +40,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from repro import KIT_SOURCE, __version__, redaction
+from repro import __version__, redaction
 from repro.artifact import schema_violations
 from repro.atomicio import write_bytes_atomic, write_text_atomic
 from repro.clock import utc_text
+from repro.containers.handoff import DEFAULT_IMAGES_DIR, find_image_record
 from repro.evidence.archive import gzip_bytes, tar_bytes
 from repro.evidence.report import render
 from repro.evidence.runs import (
@@ -64,7 +65,6 @@ EXCERPT_HEAD_BYTES = 4096
 EXCERPT_TAIL_BYTES = 4096
 # Members must be plain names the manifest schema accepts (no spaces, no '..').
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
-_DEFAULT_IMAGES_DIR = KIT_SOURCE / "artifacts" / "images"
 
 
 @dataclass(frozen=True)
@@ -214,7 +214,7 @@ def collect_run(run_dir: Path, label: str, images_dir: Path | None) -> tuple[Run
         present = (run_dir / name).is_file() or (run_dir / name).is_symlink()
         data = _regular_file(run_dir / name) if present else None  # never through a link
         if data is None and image_ids:
-            data = _find_image_file(images_dir, schema_tag, image_ids)
+            data = find_image_record(images_dir, schema_tag, image_ids)
         if data is not None:
             setattr(run, attr, parse_json(data, f"{run_dir}/{name}", kind))
             members.append(Member(prefix + name, kind, data))
@@ -228,24 +228,6 @@ def collect_run(run_dir: Path, label: str, images_dir: Path | None) -> tuple[Run
         run.weights_manifest = parse_json(data, str(weights), "weights-manifest")
         members.append(Member(prefix + WEIGHTS_MANIFEST_NAME, "weights-manifest", data))
     return run, members
-
-
-def _find_image_file(images_dir: Path | None, schema_tag: str, ids: set[str]) -> bytes | None:
-    """A record of one of ``ids`` in the images folder (build-image / import-image write it)."""
-    if images_dir is None or not images_dir.is_dir():
-        return None
-    for file in sorted(images_dir.glob("*.json")):
-        if file.is_symlink():
-            continue  # a record is a file the kit wrote here, never a link to one elsewhere
-        try:
-            data = file.read_bytes()
-            doc = json.loads(data)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            continue
-        if isinstance(doc, dict) and doc.get("schema") == schema_tag:
-            if (doc.get("image") or {}).get("id") in ids:
-                return data
-    return None
 
 
 def unique_labels(run_dirs: list[Path]) -> list[str]:
@@ -268,7 +250,7 @@ def build_bundle(
     out: Path,
     *,
     created: str | None = None,
-    images_dir: Path | None = _DEFAULT_IMAGES_DIR,
+    images_dir: Path | None = DEFAULT_IMAGES_DIR,
     environ: dict[str, str] | None = None,
 ) -> BundleResult:
     """Write the bundle of ``run_dirs`` to ``out`` (and ``out``.sha256), atomically."""
