@@ -294,6 +294,7 @@ def build_from_lock(
     )
     steps.say(
         f"built {out_dir}: {len(wheels)} wheels, {human_bytes(manifest['stream']['bytes'])} in "
-        f"{len(manifest['parts'])} part(s), {time.monotonic() - started:.0f} s; manifest {sha}"
+        f"{len(manifest['parts'])} part(s) ({time.monotonic() - started:.0f} s from the lock); "
+        f"manifest sha256 {sha}"
     )
     return manifest, sha
