@@ -555,12 +555,29 @@ def test_wheels_claiming_more_than_the_manifest_are_refused(tmp_path, tiny_wheel
     assert not (tmp_path / "target").exists()
 
 
-def test_a_wheel_that_is_not_a_zip_is_a_named_refusal(tmp_path, monkeypatch):
+def _needs_zip_version(data: bytes, version: int) -> bytes:
+    at = data.index(b"PK\x01\x02") + 6  # the first central header's "version needed"
+    return data[:at] + bytes([version, 0]) + data[at + 2 :]
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda data: b"not a zip at all" * 64,
+        # A central directory asking for zip version 6.4: zipfile raises NotImplementedError
+        # (found by tests/test_fuzz_archives.py).
+        lambda data: _needs_zip_version(data, 64),
+    ],
+    ids=["not-a-zip", "zip-version-6.4"],
+)
+def test_a_wheel_that_is_not_a_readable_zip_is_a_named_refusal(tmp_path, monkeypatch, damage):
     import repro.installset.build as build
 
     (tmp_path / "w").mkdir()
-    fake = tmp_path / "w" / "tinypkg-1.0-py3-none-any.whl"
-    fake.write_bytes(b"not a zip at all" * 64)
+    fake = make_wheel(tmp_path / "w", "tinypkg", "1.0", {"tinypkg/__init__.py": b"#\n"})
+    damaged = damage(fake.read_bytes())
+    assert damaged != fake.read_bytes()
+    fake.write_bytes(damaged)
     monkeypatch.setattr(build, "unpacked_bytes", lambda wheels: 0)  # a sender's own packer
     with pytest.raises(UnsafeArchive, match="not a readable wheel"):
         install(_crafted_set(tmp_path, [fake]), tmp_path / "target")

@@ -110,7 +110,7 @@ def unpacked_bytes(wheels: Sequence[Wheel]) -> int:
         try:
             with zipfile.ZipFile(wheel.path) as zf:
                 total += sum(info.file_size for info in zf.infolist())
-        except zipfile.BadZipFile as exc:
+        except (zipfile.BadZipFile, NotImplementedError, ValueError, EOFError) as exc:
             raise InstallSetError(f"{wheel.path} is not a readable wheel ({exc})") from exc
     return total
 

@@ -288,7 +288,8 @@ def _check_wheels(manifest: dict[str, Any], folder: Path) -> None:
                             "folder; refusing to install (the kit's builds ship index wheels)"
                         )
                     claimed += info.file_size
-        except zipfile.BadZipFile as exc:
+        # What zipfile raises on a damaged or unsupported zip (the fuzzer found the second).
+        except (zipfile.BadZipFile, NotImplementedError, ValueError, EOFError) as exc:
             raise UnsafeArchive(f"{wheel['filename']} is not a readable wheel ({exc})") from exc
     limit = manifest["stream"]["unpacked_bytes"]
     if claimed > limit:
