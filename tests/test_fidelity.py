@@ -197,6 +197,38 @@ def teardown(p):
     return "shutdown + gc.collect()"
 
 
+def cold_race_manual_rule(p) -> tuple[str, str]:
+    """(manual size rule, needle rule) as the cold-race arm builds its manual, with a
+    word-count tokenizer, at the profile's block size."""
+    from repro.arms.cold_race import _prompt_tokens, cold_race_manual
+
+    b = block(p)
+    sizes = geometry.cold_race_sizes(b, max_num_batched_tokens=b, max_model_len=10 * b + 512)
+    count_words = lambda text: len(text.split())  # noqa: E731 - sizing only
+    manual, tokens = cold_race_manual(p, sizes, count_words)
+    target = int(geometry.COLD_RACE_PROMPT_FACTOR * b)
+    assert sizes.manual_tokens == target
+    upstream = (
+        f"max({prompts.MIN_NEEDLES}, min({prompts.MAX_NEEDLES}, "
+        f"target // {prompts.TOKENS_PER_NEEDLE})), fact i ends slot i, footer after"
+    )
+    if p.signal == "logprob":
+        prompt = _prompt_tokens(manual, count_words)
+        assert abs(prompt - target) <= 20 and manual.num_needles <= prompts.needle_count(target)
+        # One more fact would not fit with the question.
+        bigger = prompts.Manual(prompts.make_codes(manual.num_needles + 1), 0)
+        assert manual.num_needles == prompts.needle_count(target) or (
+            _prompt_tokens(bigger, count_words) > target
+        )
+        return (
+            f"int({geometry.COLD_RACE_PROMPT_FACTOR} B), question included",
+            upstream
+            + "; cold-race: fewer where that many do not fit int(1.35 B) with the question",
+        )
+    assert abs(tokens - target) <= 20 and manual.num_needles == prompts.needle_count(target)
+    return f"int({geometry.COLD_RACE_PROMPT_FACTOR} B), question excluded", upstream
+
+
 def multi_turn_prompts(p):
     from repro.arms.multi_turn import first_turn_manuals
 
@@ -234,16 +266,11 @@ VALUES = {
     "trust_remote_code": lambda p: json.dumps(settings(p, "cold-race")["trust_remote_code"]),
     "VLLM_ENABLE_V1_MULTIPROCESSING": lambda p: p.engine_env()["VLLM_ENABLE_V1_MULTIPROCESSING"],
     "cold_race.prompts": lambda p: f"{geometry.COLD_RACE_IDENTICAL_PROMPTS} identical",
-    "cold_race.manual_tokens": lambda p: (
-        f"int({geometry.COLD_RACE_PROMPT_FACTOR} B), question excluded"
-    ),
+    "cold_race.manual_tokens": lambda p: cold_race_manual_rule(p)[0],
     "cold_race.window": lambda p: (
         f"{geometry.COLD_RACE_MIN_FACTOR} B < m < {geometry.COLD_RACE_MAX_FACTOR} B"
     ),
-    "needles": lambda p: (
-        f"max({prompts.MIN_NEEDLES}, min({prompts.MAX_NEEDLES}, "
-        f"target // {prompts.TOKENS_PER_NEEDLE})), fact i ends slot i, footer after"
-    ),
+    "needles": lambda p: cold_race_manual_rule(p)[1],
     "codes": lambda p: f"six digits, zero-padded, one RNG seeded {prompts.CODE_SEED}",
     "cold_race.wave1": wave1_fact,
     "cold_race.wave2": wave2,

