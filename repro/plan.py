@@ -5,8 +5,8 @@ needed and found here, every engine setting of the APC run and the control of ea
 environment, where the weights are cached and how a container would mount them, and an
 estimate of the GPU memory the model needs. It is what `nox -s repro-nemotron -- --dry-run`
 and `nox -s repro-qwen -- --dry-run` print. The run itself goes into the kit's CUDA image
-(`python -m repro run --profile X --container --image TAG`, repro/containers/run.py), which is
-built from containers/cuda.Dockerfile on a machine that reaches the registries.
+(`python -m repro run --profile X --container`, repro/containers/run.py), built here from
+containers/cuda.Dockerfile and the ref's wheel lock when it is missing (docs/cuda-image.md).
 
 GPU memory estimate (an estimate, not a measurement): parameter count x bytes per parameter
 of the checkpoint's dtype (FP8: 1, BF16: 2), split evenly over the tensor-parallel GPUs,
@@ -106,15 +106,34 @@ def _runs(profile: Profile) -> dict[str, dict[str, Any]]:
     return runs
 
 
-def image_pins(vllm_ref: str, cuda_variant: str, *, python: str = "3.12") -> dict[str, Any]:
+def _local_client():
+    """The daemon here, or None: the plan asks it only what is already built."""
+    from repro.containers import DockerUnavailable, docker_client
+
+    try:
+        return docker_client(timeout=10)
+    except DockerUnavailable:
+        return None
+
+
+def image_pins(
+    vllm_ref: str, cuda_variant: str, *, python: str = "3.12", client: Any = "auto"
+) -> dict[str, Any]:
     """Every pin the CUDA image would be built from, and those that need a registry (or an
-    index) to resolve, named with what resolves them."""
+    index) to resolve, named with what resolves them.
+
+    ``client``: a docker-py client, None for none, or "auto" (the local daemon if one answers).
+    With one, the pins made on this machine (the local base's image id, the image already
+    built from the lock and this kit) are resolved instead of described."""
+    from repro import envinfo
     from repro.atomicio import sha256_file
     from repro.containers import base, cuda, pins
     from repro.containers.refs import parse_vllm_ref
     from repro.installset import lock as lockmod
 
     ref = parse_vllm_ref(vllm_ref)
+    if client == "auto":
+        client = _local_client()
     table = pins.load_pins()
     entry = table.get("cuda", {}).get(cuda_variant) or {}
     pinned: dict[str, str] = {"vllm": f"{ref.value} ({ref.kind})"}
@@ -127,9 +146,10 @@ def image_pins(vllm_ref: str, cuda_variant: str, *, python: str = "3.12") -> dic
             f"the digest of {entry['image']}:{entry['tag']} (run containers/update_base_images.py "
             f"where the registry is reachable); until then the image is built on the local base"
         )
-    pinned["base (local)"] = (
-        f"{base.UBUNTU_TAG}: Ubuntu noble, debootstrapped here (`python -m repro base-image "
-        f"--recipe ubuntu-noble`), pinned by its image id at build"
+    pinned["base (local)"] = _local_base_pin(client, base)
+    kit = envinfo.collect_kit(Path(__file__).resolve().parent.parent)
+    pinned["kit"] = f"{kit.get('git_commit') or 'no git commit'}" + (
+        " (clean)" if kit.get("dirty") is False else " (uncommitted changes: built anew)"
     )
     if ref.kind == "commit":
         index = cuda.commit_index_url(ref.value, cuda_variant)
@@ -149,6 +169,7 @@ def image_pins(vllm_ref: str, cuda_variant: str, *, python: str = "3.12") -> dic
         pinned["wheels"] = f"{len(lock['packages'])} wheels, {size / 2**20:.0f} MiB: " + ", ".join(
             f"{n} {o}" for o, n in origins.items()
         )
+        pinned["built here"] = _built_image_pin(client, ref.value, cuda_variant, lock_path, kit)
     else:
         needs = "PyPI" if ref.kind == "release" else f"PyPI and {pinned['vllm wheels']}"
         needs_registry.append(
@@ -159,6 +180,40 @@ def image_pins(vllm_ref: str, cuda_variant: str, *, python: str = "3.12") -> dic
     doc["pins"] = pinned
     doc["needs_registry"] = needs_registry
     return doc
+
+
+def _local_base_pin(client, base) -> str:
+    made_by = "`python -m repro base-image --recipe ubuntu-noble` (Ubuntu's archive, no registry)"
+    tag, recipe = base.RECIPES["ubuntu-noble"]
+    if client is None:
+        return (
+            f"{tag}: no Docker daemon answers here; made by {made_by}, pinned by its image id "
+            f"at build"
+        )
+    import docker
+
+    try:
+        image = client.images.get(tag)
+    except docker.errors.ImageNotFound:
+        return f"{tag}: not made here yet; the build makes it ({made_by}, ~3 min)"
+    if (image.labels or {}).get(base.RECIPE_LABEL) != recipe.digest():
+        return f"{tag} = {image.id}, made by another recipe: the build makes it again"
+    return f"{tag} = {image.id}, made here by {made_by}"
+
+
+def _built_image_pin(client, ref: str, variant: str, lock_path: Path, kit) -> str:
+    from repro.containers import images
+    from repro.installset.lock import lock_sha256
+
+    build = f"`nox -s build-image -- --variant cuda --vllm {ref}`"
+    if client is None:
+        return f"no Docker daemon answers here; a run builds it ({build})"
+    found = images.find_cuda_images(
+        client, vllm_ref=ref, variant=variant, lock_sha256=lock_sha256(lock_path), kit=kit
+    )
+    if not found:
+        return f"not built here from this lock and kit; a run builds it first ({build})"
+    return f"{found[0].name} = {found[0].id} (built here from this lock and kit)"
 
 
 def build_plan(

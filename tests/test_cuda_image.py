@@ -379,6 +379,77 @@ def test_the_dry_run_plan_names_every_pin_and_what_needs_a_registry():
     assert any("cuda-lock" in item and "wheels.vllm.ai" in item for item in needs)
 
 
+def _one_file_image(client, reference: str, labels: dict[str, str]):
+    """A labelled one-file image made with `docker import` (no base, nothing copied)."""
+    import io
+    import tarfile
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        info = tarfile.TarInfo("README")
+        info.size = 4
+        tar.addfile(info, io.BytesIO(b"pin\n"))
+    repository, tag = reference.rsplit(":", 1)
+    changes = ["LABEL " + " ".join(f"{k}={json.dumps(v)}" for k, v in labels.items())]
+    client.api.import_image_from_data(
+        buffer.getvalue(), repository=repository, tag=tag, changes=changes
+    )
+    return client.images.get(reference)
+
+
+@pytest.mark.docker
+def test_the_plan_resolves_the_pins_made_here(docker_client, monkeypatch):
+    """The local base's image id and the image built from the lock and the kit, asked of the
+    real daemon; each described (how it gets made) when it is not here."""
+    from repro import envinfo, plan
+    from repro.containers import base
+
+    _, recipe = base.RECIPES["ubuntu-noble"]
+    tag = "repro-test/plan-base:noble"
+    monkeypatch.setitem(base.RECIPES, "ubuntu-noble", (tag, recipe))
+    kit = {"git_commit": OTHER_SHA, "dirty": False}
+    monkeypatch.setattr(envinfo, "collect_kit", lambda *a, **k: kit)
+
+    pins = plan.image_pins("0.26.0", "cu130", client=docker_client)["pins"]
+    assert pins["base (local)"].startswith(f"{tag}: not made here yet")
+    assert pins["built here"].startswith("not built here from this lock and kit")
+    assert pins["kit"] == f"{OTHER_SHA} (clean)"
+
+    made = []
+    try:
+        made.append(_one_file_image(docker_client, tag, {base.RECIPE_LABEL: "another"}))
+        pins = plan.image_pins("0.26.0", "cu130", client=docker_client)["pins"]
+        assert pins["base (local)"].endswith("made by another recipe: the build makes it again")
+        docker_client.images.remove(tag)
+        made.append(_one_file_image(docker_client, tag, {base.RECIPE_LABEL: recipe.digest()}))
+        labels = {
+            "io.repro-kit.variant": "cuda",
+            "io.repro-kit.vllm.ref": "0.26.0",
+            "io.repro-kit.cuda.variant": "cu130",
+            "io.repro-kit.lock.sha256": lockmod.lock_sha256(LOCK_026),
+            "io.repro-kit.patches": "none",
+            "org.opencontainers.image.revision": OTHER_SHA,
+            "io.repro-kit.dirty": "false",
+        }
+        made.append(_one_file_image(docker_client, "repro-test/plan-image:x", labels))
+        pins = plan.image_pins("0.26.0", "cu130", client=docker_client)["pins"]
+        assert pins["base (local)"] == (
+            f"{tag} = {made[1].id}, made here by `python -m repro base-image --recipe "
+            "ubuntu-noble` (Ubuntu's archive, no registry)"
+        )
+        assert pins["built here"] == (
+            f"repro-test/plan-image:x = {made[2].id} (built here from this lock and kit)"
+        )
+    finally:
+        for image in made:
+            try:
+                docker_client.images.remove(image.id, force=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+    pins = plan.image_pins("0.26.0", "cu130", client=None)["pins"]
+    assert "no Docker daemon answers" in pins["base (local)"] and "no Docker" in pins["built here"]
+
+
 # --- the whole build (opt-in) -------------------------------------------------------------------
 
 
@@ -407,6 +478,7 @@ def test_the_0_26_0_image_and_install_set_from_one_lock(docker_client, tmp_path)
         assert check["torch"]["version"] == "2.11.0" and check["torch"]["cuda"] == "13.0"
         assert check["vllm"]["version"] == "0.26.0" and check["label_problems"] == []
         assert check["lock"]["mismatched"] == [] and check["repro_help_runs"]
+        assert built.record["build"]["check_s"] > 0
         again = cuda.build_cuda_image(
             docker_client,
             vllm_ref="0.26.0",
@@ -418,9 +490,16 @@ def test_the_0_26_0_image_and_install_set_from_one_lock(docker_client, tmp_path)
         assert again.id == built.id
         assert again.record["build"]["cached_steps"] == again.record["build"]["steps"] - 2
 
-        manifest, _ = build_from_lock(LOCK_026, tmp_path / "set", wheels_from=wheelhouse)
+        # xz -0: the comparison is about the wheels; -6 took 25 min on 2 busy cores.
+        manifest, _ = build_from_lock(
+            LOCK_026, tmp_path / "set", wheels_from=wheelhouse, xz_preset=0
+        )
         same = lockmod.compare_records(built.record, manifest)
         assert same["equal"], same
+        if not os.environ.get("REPRO_CUDA_WHEELHOUSE"):
+            # Its 3 GB are not needed any more; the archive below takes 7 GB more.
+            shutil.rmtree(wheelhouse, ignore_errors=True)
+            shutil.rmtree(tmp_path / "set", ignore_errors=True)
 
         archive = tmp_path / "image.tar"
         handoff.export_image(docker_client, tag, archive, images_dir=tmp_path / "records")
@@ -433,6 +512,8 @@ def test_the_0_26_0_image_and_install_set_from_one_lock(docker_client, tmp_path)
                 docker_client.images.remove(ref, force=True)
             except Exception:  # noqa: BLE001 - already gone
                 pass
+        # pytest keeps the last runs' tmp_path: the 7 GB archive and 3 GB of wheels must go.
+        (tmp_path / "image.tar").unlink(missing_ok=True)
         if not os.environ.get("REPRO_CUDA_WHEELHOUSE"):
             shutil.rmtree(wheelhouse, ignore_errors=True)
 

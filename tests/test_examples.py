@@ -121,3 +121,64 @@ def test_h200_red_green_artifacts_say_what_the_issue_needs(name):
     if doc["verdict"]["status"] == "corrupted":
         flagged = [r for w in doc["figures"]["waves"] for r in w["per_request"] if r["flagged"]]
         assert flagged and all(r["num_cached_tokens"] > 0 for r in flagged)
+
+
+# --- CUDA images built here (artifacts/examples/cuda-images) -----------------------------------
+
+CUDA_IMAGES = EXAMPLES / "cuda-images"
+CUDA_RECORDS = sorted(CUDA_IMAGES.glob("vllm-*/image-record*.json"))
+
+
+def test_there_are_cuda_image_records_for_both_releases():
+    assert {p.parent.name for p in CUDA_RECORDS} >= {"vllm-0.26.0", "vllm-0.32.0"}
+
+
+@pytest.mark.parametrize("path", CUDA_RECORDS, ids=lambda p: str(p.relative_to(CUDA_IMAGES)))
+def test_cuda_image_record_validates_and_its_check_agrees_with_its_labels(path):
+    from repro.containers.build import validate_image_record
+    from repro.containers.imagecheck import compare_with_labels
+
+    record = json.loads(path.read_text())
+    validate_image_record(record)
+    labels, check = record["labels"], record["check"]
+    version = path.parent.name.removeprefix("vllm-")
+    assert labels["io.repro-kit.vllm.version"] == check["vllm"]["version"] == version
+    assert labels["io.repro-kit.torch"] == check["torch"]["version"]
+    assert check["torch"]["cuda"] and check["torch"]["build"].endswith("+cu130")
+    assert compare_with_labels(check, labels) == [] and check["repro_help_runs"]
+    assert check["lock"]["mismatched"] == [] and check["lock"]["packages"] == len(
+        record["lock"]["wheels"]
+    )
+    assert labels["io.repro-kit.lock.sha256"] == record["lock"]["sha256"]
+    # The build's whole log is kept beside its record (image-record-cold.json: build-cold.log).
+    from repro.atomicio import sha256_file
+
+    log = path.parent / path.name.replace("image-record", "build").replace(".json", ".log")
+    assert sha256_file(log) == record["build"]["log"]["sha256"]
+
+
+def test_the_0_26_0_lock_comparison_follows_from_the_committed_records():
+    from repro.installset.lock import compare_records
+    from repro.installset.manifest import validate_schema
+
+    folder = CUDA_IMAGES / "vllm-0.26.0"
+    manifest = json.loads((folder / "installset-manifest.json").read_text())
+    validate_schema(manifest)
+    record = json.loads((folder / "image-record-cold.json").read_text())
+    result = compare_records(record, manifest)
+    assert result == json.loads((folder / "lock-compare.json").read_text())
+    assert result["equal"] and result["wheels_in_both"] == len(manifest["wheels"])
+
+
+def test_the_0_26_0_round_trip_records_name_one_image():
+    from repro.artifact import schema_violations
+
+    folder = CUDA_IMAGES / "vllm-0.26.0"
+    exported = json.loads((folder / "export-record.json").read_text())
+    imported = json.loads((folder / "import-record.json").read_text())
+    assert schema_violations(exported, "image-archive") == []
+    assert schema_violations(imported, "image-import") == []
+    built = json.loads((folder / "image-record-cold.json").read_text())
+    assert exported["image"]["id"] == imported["image"]["id"] == built["image"]["id"]
+    listed = (folder / "export.sha256").read_text().split()
+    assert listed[0] == exported["archive"]["sha256"] == imported["archive"]["sha256"]

@@ -36,9 +36,8 @@ def cuda_base(pins: dict[str, Any], variant: str) -> dict[str, str]:
     if not isinstance(digest, str) or not _DIGEST.match(digest):
         raise PinError(
             f"the CUDA base for {variant} ({entry['image']}:{entry['tag']}) has no digest pinned "
-            f"(found {digest!r}); on a machine that reaches the registry run `docker buildx "
-            f"imagetools inspect {entry['image']}:{entry['tag']}` and record the digest in "
-            f"containers/base-images.json"
+            f"(found {digest!r}); on a machine that reaches the registry run `python "
+            f"containers/update_base_images.py`, which records it in containers/base-images.json"
         )
     return {
         "image": entry["image"],
