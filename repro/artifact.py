@@ -22,14 +22,15 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
-
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import ValidationError
+from typing import TYPE_CHECKING, Any
 
 from repro import redaction
 from repro.atomicio import write_json_atomic
 from repro.errors import ValidationUnavailable
+
+if TYPE_CHECKING:
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import ValidationError
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -114,6 +115,11 @@ def _schema_text(name: str, version: int) -> str:
 
 @functools.cache
 def _validator(name: str, version: int) -> Draft202012Validator:
+    # Imported here: with its format checkers jsonschema takes seconds to import, which the
+    # engine process (it writes documents, the parent validates them) need not pay
+    # (docs/measured.md, §Engine process).
+    from jsonschema import Draft202012Validator
+
     checker = Draft202012Validator.FORMAT_CHECKER
     # jsonschema silently skips formats whose checker library is missing; for date-time that
     # is rfc3339-validator, which the jsonschema[format-nongpl] extra installs.

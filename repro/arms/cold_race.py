@@ -24,9 +24,9 @@ from repro.arms.common import (
     PhaseTimer,
     answer_sampling,
     compare_wave,
+    derive_block_size,
     engagement_of,
     fixed_sampling,
-    measure_block_size,
     record,
     run_wave,
     start_engine,
@@ -85,7 +85,7 @@ def _prompt_tokens(manual: prompts.Manual, count_tokens) -> int:
 def run_cold_race(profile: Profile, model_path: str, timer: PhaseTimer | None = None) -> ArmResult:
     timer = timer or PhaseTimer()
     arm = "cold-race"
-    block_size = measure_block_size(profile, model_path, timer)
+    block_size = derive_block_size(profile, model_path, timer)
     with start_engine(
         profile, model_path, arm=arm, prefix_caching=True, mamba_block_size=block_size
     ) as engine:

@@ -64,6 +64,8 @@ def start_engine(
     prefix_caching: bool,
     mamba_block_size: int | None = None,
 ) -> Engine:
+    """An engine for one run of an arm; `mamba_block_size` is B as derived before boot
+    (`derive_block_size`), which sizes the budget and which the booted engine must confirm."""
     return Engine(
         model=model_path,
         settings=profile.engine_settings(
@@ -71,20 +73,29 @@ def start_engine(
         ),
         optional_settings=profile.optional_settings,
         env=profile.engine_env(),
+        expected_mamba_block_size=mamba_block_size,
     )
 
 
-def measure_block_size(profile: Profile, model_path: str, timer: PhaseTimer) -> int | None:
+def derive_block_size(profile: Profile, model_path: str, timer: PhaseTimer) -> int | None:
     """Mamba block size B of this model on this engine, for budgets given in blocks.
 
-    Boots an APC engine once with the multi-turn settings (an absolute budget) and reads its
-    geometry; costs one extra engine start, only for profiles that need it.
+    Derived from vLLM's configuration for an APC engine with the multi-turn settings (an
+    absolute budget), without loading weights (`repro.engine_config`); the booted cold-race
+    engine confirms it. None for profiles whose budgets are absolute.
     """
     if profile.cold_race_budget_blocks is None:
         return None
-    with start_engine(profile, model_path, arm="multi-turn", prefix_caching=True) as engine:
-        timer.add("boot", engine.boot_seconds)
-        return engine.geometry().mamba_block_size
+    from repro.engine_config import derived_mamba_block_size
+
+    block_size, seconds = derived_mamba_block_size(
+        model=model_path,
+        settings=profile.engine_settings(arm="multi-turn", prefix_caching=True),
+        optional_settings=profile.optional_settings,
+        env=profile.engine_env(),
+    )
+    timer.add("derive", seconds)
+    return block_size
 
 
 def answer_sampling(profile: Profile) -> Sampling:
