@@ -37,6 +37,21 @@ REPO = Path(__file__).resolve().parent
 
 nox.options.sessions = ["repro-tiny"]
 nox.options.reuse_existing_virtualenvs = True
+# Pinned: `ruff format --check` changes with a ruff release (upgrade it here, on purpose).
+RUFF = "ruff==0.17.6"
+
+
+def _repro(
+    session: nox.Session,
+    *command: str,
+    install: tuple[str, ...] = ("-e", "."),
+    module: str = "repro",
+    args: list[str] | None = None,
+) -> None:
+    """Install the kit and run ``python -m repro COMMAND … ARGS`` (default: the session's
+    arguments). Every session but ``tests`` and ``lint`` is this call."""
+    session.install(*install)
+    session.run("python", "-m", module, *command, *(session.posargs if args is None else args))
 
 
 @nox.session(name="repro-tiny")
@@ -46,33 +61,27 @@ def repro_tiny(session: nox.Session) -> None:
     `-- --container` runs them in the newest CPU image built for the vLLM version from this
     checkout's kit, building it (on `--base`, default repro-kit/debian-base:bookworm) if missing.
     """
-    session.install("-e", ".")
-    session.run("python", "-m", "repro", "tiny", *session.posargs)
+    _repro(session, "tiny")
 
 
 @nox.session(name="fetch-weights")
 def fetch_weights(session: nox.Session) -> None:
     """Fetch a profile's model at a pinned commit and write its sha256 manifest."""
-    session.install("-e", ".")
-    session.run("python", "-m", "repro", "fetch-weights", *session.posargs)
+    _repro(session, "fetch-weights")
 
 
 @nox.session(name="verify-weights")
 def verify_weights(session: nox.Session) -> None:
     """Re-hash a fetched snapshot against its manifest (offline); non-zero on any mismatch."""
-    session.install("-e", ".")
-    session.run("python", "-m", "repro", "verify-weights", *session.posargs)
+    _repro(session, "verify-weights")
 
 
 def _gpu_profile(session: nox.Session, profile: str) -> None:
-    session.install("-e", ".")
     if "--dry-run" in session.posargs:
         args = [a for a in session.posargs if a != "--dry-run"]
-        session.run("python", "-m", "repro", "plan", "--profile", profile, *args)
+        _repro(session, "plan", "--profile", profile, args=args)
     else:
-        session.run(
-            "python", "-m", "repro", "run", "--profile", profile, "--container", *session.posargs
-        )
+        _repro(session, "run", "--profile", profile, "--container")
 
 
 @nox.session(name="repro-qwen")
@@ -172,15 +181,13 @@ def wheelhouse(session: nox.Session) -> None:
     nox -s wheelhouse -- --lock containers/locks/vllm-0.26.0-cu130-cp312.lock.json --out DIR
         (the CUDA image's lock: the same wheels, by sha256, as that image)
     """
-    session.install("-e", ".[installset]")
-    session.run("python", "-m", "repro.installset", "build", *session.posargs)
+    _repro(session, "build", install=("-e", ".[installset]"), module="repro.installset")
 
 
 @nox.session(name="base-image", default=False)
 def base_image(session: nox.Session) -> None:
     """The local Debian base image (debootstrap + docker import; needs root and dockerd)."""
-    session.install("-e", ".")
-    session.run("python", "-m", "repro", "base-image", *session.posargs)
+    _repro(session, "base-image")
 
 
 @nox.session(name="build-image", default=False)
@@ -191,8 +198,7 @@ def build_image(session: nox.Session) -> None:
     nox -s build-image -- --variant cuda --vllm 0.26.0 [--wheelhouse DIR] [--patch FILE]
     """
     # setuptools and wheel: the CUDA image's kit wheel is built here without an index.
-    session.install("-e", ".", "setuptools>=70.1", "wheel")
-    session.run("python", "-m", "repro", "build-image", *session.posargs)
+    _repro(session, "build-image", install=("-e", ".", "setuptools>=70.1", "wheel"))
 
 
 @nox.session(name="cuda-lock", default=False)
@@ -201,8 +207,7 @@ def cuda_lock(session: nox.Session) -> None:
 
     nox -s cuda-lock -- --vllm 0.26.0 --for-host containers/hosts/h200-pip-freeze.txt
     """
-    session.install("-e", ".[installset]")
-    session.run("python", "-m", "repro", "cuda-lock", *session.posargs)
+    _repro(session, "cuda-lock", install=("-e", ".[installset]"))
 
 
 @nox.session(name="cuda-wheelhouse", default=False)
@@ -211,49 +216,43 @@ def cuda_wheelhouse(session: nox.Session) -> None:
 
     nox -s cuda-wheelhouse -- --vllm 0.26.0 --out DIR
     """
-    session.install("-e", ".")
-    session.run("python", "-m", "repro", "cuda-wheelhouse", *session.posargs)
-
-
-def _kit_command(session: nox.Session, command: str) -> None:
-    session.install("-e", ".")
-    session.run("python", "-m", "repro", command, *session.posargs)
+    _repro(session, "cuda-wheelhouse")
 
 
 @nox.session(default=False)
 def bundle(session: nox.Session) -> None:
     """Deterministic evidence bundle of run directories (artifacts, logs, manifest, summary)."""
-    _kit_command(session, "bundle")
+    _repro(session, "bundle")
 
 
 @nox.session(default=False)
 def verify(session: nox.Session) -> None:
     """Verify a bundle without extracting it; non-zero on any problem."""
-    _kit_command(session, "verify")
+    _repro(session, "verify")
 
 
 @nox.session(default=False)
 def report(session: nox.Session) -> None:
     """GitHub-flavoured Markdown of run directories or bundles."""
-    _kit_command(session, "report")
+    _repro(session, "report")
 
 
 @nox.session(default=False)
 def compare(session: nox.Session) -> None:
     """Compare two runs (directories or bundles); non-zero when a verdict disagrees."""
-    _kit_command(session, "compare")
+    _repro(session, "compare")
 
 
 @nox.session(name="export-image", default=False)
 def export_image(session: nox.Session) -> None:
     """Save an image to FILE.tar with FILE.tar.sha256 and the archive record FILE.tar.json."""
-    _kit_command(session, "export-image")
+    _repro(session, "export-image")
 
 
 @nox.session(name="import-image", default=False)
 def import_image(session: nox.Session) -> None:
     """Load an image archive only after its sha256, id and labels match its record."""
-    _kit_command(session, "import-image")
+    _repro(session, "import-image")
 
 
 @nox.session(name="cpu-wheelhouse", default=False)
@@ -262,8 +261,7 @@ def cpu_wheelhouse(session: nox.Session) -> None:
 
     nox -s cpu-wheelhouse -- --vllm 0.32.0 --out DIR
     """
-    session.install("-e", ".")
-    session.run("python", "-m", "repro", "cpu-wheelhouse", *session.posargs)
+    _repro(session, "cpu-wheelhouse")
 
 
 @nox.session(default=False)
@@ -272,7 +270,7 @@ def matrix(session: nox.Session) -> None:
 
     nox -s matrix -- --conditions FILE.toml --out DIR [--executor slurm] [--dry-run]
     """
-    _kit_command(session, "matrix")
+    _repro(session, "matrix")
 
 
 @nox.session(default=False)
@@ -281,12 +279,12 @@ def bisect(session: nox.Session) -> None:
 
     nox -s bisect -- --arm cold-race --bad 0.26.0 --good 0.32.0 --out DIR
     """
-    _kit_command(session, "bisect")
+    _repro(session, "bisect")
 
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    session.install("ruff")
+    session.install(RUFF)
     paths = ["repro", "tests", "benchmarks", "noxfile.py"]
     session.run("ruff", "check", *paths)
     session.run("ruff", "format", "--check", *paths)

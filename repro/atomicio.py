@@ -1,4 +1,4 @@
-"""Atomic file writes and file hashing.
+"""Atomic file writes, and the kit's one sha256 of a file (`sha256_file`, `sha256_stream`).
 
 A reader of a path written here sees either the old file or the complete new one, never a
 half-written file: the text goes to a temporary file in the same directory (so the rename
@@ -14,13 +14,14 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
 __all__ = [
     "open_atomic",
     "sha256_file",
+    "sha256_stream",
     "write_bytes_atomic",
     "write_json_atomic",
     "write_text_atomic",
@@ -86,13 +87,26 @@ def write_json_atomic(
     write_text_atomic(path, text + "\n")
 
 
-def sha256_file(path: str | os.PathLike[str]) -> str:
-    """Return the hex sha256 of the file at ``path``, read in chunks."""
-    digest = hashlib.sha256()
+def sha256_file(
+    path: str | os.PathLike[str], *, progress: Callable[[int], None] | None = None
+) -> str:
+    """The hex sha256 of the file at ``path``, read in chunks (``progress(bytes)`` after each)."""
     with open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return sha256_stream(f, progress=progress)[0]
+
+
+def sha256_stream(
+    handle: BinaryIO, *, progress: Callable[[int], None] | None = None
+) -> tuple[str, int]:
+    """The hex sha256 and the length of what is left to read in ``handle``."""
+    digest = hashlib.sha256()
+    size = 0
+    while chunk := handle.read(_HASH_CHUNK):
+        digest.update(chunk)
+        size += len(chunk)
+        if progress is not None:
+            progress(len(chunk))
+    return digest.hexdigest(), size
 
 
 def _fsync_dir(directory: Path) -> None:

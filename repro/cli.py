@@ -31,11 +31,9 @@ import json
 import sys
 from pathlib import Path
 
-from repro import tinymodel
+from repro import KIT_SOURCE, tinymodel
 from repro.errors import ReproError
-from repro.profiles import PROFILES
-
-KIT_SOURCE = Path(__file__).resolve().parent.parent
+from repro.profiles import PROFILES, parse_overrides
 
 
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
@@ -332,19 +330,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def _parse_overrides(items: list[str]) -> dict:
-    overrides = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ReproError(f"--override expects KEY=JSON, got {item!r}")
-        try:
-            overrides[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            overrides[key] = raw  # a bare string such as dtype=bfloat16
-    return overrides
-
-
 def _run_args(args: argparse.Namespace) -> list[str]:
     out = []
     if args.out:
@@ -388,9 +373,10 @@ def cmd_tiny(args: argparse.Namespace) -> int:
 
 def _run_in_container(args: argparse.Namespace, *, profile_name: str) -> int:
     """The host side of a container run: pick (or build) the image, find the model, run."""
-    from repro import engine_env, envinfo, plan, preflight, runner, summary
+    from repro import engine_env, envinfo, plan, preflight, runner
     from repro.containers import docker_client, images
     from repro.containers import run as container_run
+    from repro.evidence import summary
     from repro.profiles import get_profile
 
     profile = get_profile(profile_name)
@@ -400,7 +386,7 @@ def _run_in_container(args: argparse.Namespace, *, profile_name: str) -> int:
     out_dir = (args.out or runner.default_out_dir(runner.new_run_id())).resolve()
     arms = args.arms or list(profile.arms)
     fault_kind = runner.DEFAULT_FAULT_KIND if args.inject_fault else None
-    overrides = _parse_overrides(args.override)
+    overrides = parse_overrides(args.override)
     command = ["python", "-m", "repro", *sys.argv[1:]]
     run_args = ["--inject-fault"] if args.inject_fault else []
     if args.verbose:
@@ -584,7 +570,8 @@ def _run_model(args: argparse.Namespace) -> int:
 
 
 def _run_profile(args: argparse.Namespace, profile, *, model_path: str | None) -> int:
-    from repro import runner, summary
+    from repro import runner
+    from repro.evidence import summary
 
     if model_path is None and args.model_path:
         model_path = str(Path(args.model_path).resolve())
@@ -603,7 +590,7 @@ def _run_profile(args: argparse.Namespace, profile, *, model_path: str | None) -
         out_dir=out_dir,
         arms=args.arms or list(profile.arms),
         fault_kind=runner.DEFAULT_FAULT_KIND if args.inject_fault else None,
-        overrides=_parse_overrides(args.override),
+        overrides=parse_overrides(args.override),
         arm_timeout_s=args.arm_timeout or runner.DEFAULT_ARM_TIMEOUT_S,
         verbose=args.verbose,
     )
@@ -851,8 +838,8 @@ def _cuda_lock_path(args: argparse.Namespace, ref: str) -> Path:
 def cmd_cuda_lock(args: argparse.Namespace) -> int:
     from repro.atomicio import write_json_atomic
     from repro.containers import build, cuda
+    from repro.installset.host import Target
     from repro.installset.lock import make_lock
-    from repro.installset.target import Target
 
     variant = args.cuda or cuda.DEFAULT_VARIANT
     source = cuda.vllm_source(args.vllm, variant)

@@ -57,7 +57,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_bundle(args: argparse.Namespace) -> int:
-    from repro import bundle
+    from repro.evidence import bundle
 
     kwargs = {"images_dir": args.images} if args.images else {}
     result = bundle.build_bundle(args.run_dirs, args.out, created=args.created, **kwargs)
@@ -72,7 +72,7 @@ def cmd_bundle(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from repro.bundle_verify import verify_bundle
+    from repro.evidence.verify import verify_bundle
 
     result = verify_bundle(args.bundle)
     print(result.render())
@@ -89,14 +89,15 @@ def _emit(text: str, out: Path | None) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from repro import report, runset
+    from repro.evidence import report
+    from repro.evidence.verify import load_runs
 
-    _emit(report.render(runset.load(args.inputs)), args.out)
+    _emit(report.render(load_runs(args.inputs)), args.out)
     return 0
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from repro import compare
+    from repro.evidence import compare
 
     result = compare.compare(compare.load_one(args.a), compare.load_one(args.b))
     _emit(result.markdown, args.out)

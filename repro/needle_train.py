@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from repro import needle_data
+from repro.atomicio import sha256_file
 
 # Bump when the trainer's output changes for an unchanged recipe.
 TRAINER_VERSION = 2
@@ -266,7 +267,7 @@ def export(model, recipe: dict, out_dir: Path, fast_tokenizer) -> dict:
     config["layer_norm_epsilon"] = recipe["layer_norm_epsilon"]
     (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return {
-        name: hashlib.sha256((out_dir / name).read_bytes()).hexdigest()
+        name: sha256_file(out_dir / name)
         for name in sorted(os.listdir(out_dir))
         if (out_dir / name).is_file()
     }

@@ -8,7 +8,6 @@ is refused before anything is changed, naming the failing hunks.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import re
@@ -16,6 +15,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from repro.atomicio import sha256_file
 from repro.errors import PatchError
 
 # Written beside the patched `vllm` package, so any run that imports it can record the
@@ -24,10 +24,6 @@ RECORD_NAME = "repro-patches.json"
 _TARGET = re.compile(r"^\+\+\+ (?:b/)?(\S+)", re.M)
 _SOURCE = re.compile(r"^--- (?:a/)?(\S+)", re.M)
 _HUNK = re.compile(r"^@@ .* @@.*$", re.M)
-
-
-def sha256_of(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def targets(patch: Path) -> list[str]:
@@ -83,7 +79,7 @@ def apply_patch(patch: Path, site_packages: Path) -> dict[str, str]:
     real = subprocess.run(base, capture_output=True, text=True)
     if real.returncode != 0:
         raise PatchError(_describe_failure(patch, real.stdout + real.stderr))
-    applied = {"path": patch.name, "sha256": sha256_of(patch)}
+    applied = {"path": patch.name, "sha256": sha256_file(patch)}
     record = Path(site_packages) / RECORD_NAME
     previous = json.loads(record.read_text()) if record.is_file() else []
     from repro.atomicio import write_json_atomic

@@ -202,14 +202,14 @@ def _local_base_pin(client, base) -> str:
 
 
 def _built_image_pin(client, ref: str, variant: str, lock_path: Path, kit) -> str:
+    from repro.atomicio import sha256_file
     from repro.containers import images
-    from repro.installset.lock import lock_sha256
 
     build = f"`nox -s build-image -- --variant cuda --vllm {ref}`"
     if client is None:
         return f"no Docker daemon answers here; a run builds it ({build})"
     found = images.find_cuda_images(
-        client, vllm_ref=ref, variant=variant, lock_sha256=lock_sha256(lock_path), kit=kit
+        client, vllm_ref=ref, variant=variant, lock_sha256=sha256_file(lock_path), kit=kit
     )
     if not found:
         return f"not built here from this lock and kit; a run builds it first ({build})"

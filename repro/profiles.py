@@ -7,8 +7,11 @@ random-weight model; its numbers are scaled, not copied, and each says why.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+from repro.errors import ReproError
 
 ARMS = ("cold-race", "multi-turn")
 
@@ -339,3 +342,17 @@ def get_profile(name: str) -> Profile:
         raise ValueError(
             f"unknown profile {name!r}; expected one of: {', '.join(sorted(PROFILES))}"
         ) from None
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``--override KEY=JSON`` values as engine settings (``Profile.with_overrides``)."""
+    overrides = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ReproError(f"--override expects KEY=JSON, got {item!r}")
+        try:
+            overrides[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            overrides[key] = raw  # a bare string such as dtype=bfloat16
+    return overrides

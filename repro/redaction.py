@@ -29,6 +29,10 @@ MASK = "[redacted]"
 SECRET_WORDS = frozenset(
     {"token", "key", "apikey", "secret", "password", "passwd", "credential", "credentials"}
 )
+# The same words anywhere in a name. `schemas/run-artifact.v1.schema.json` refuses recorded
+# environment names matching it and carries a copy (JSON cannot import this module);
+# tests/test_redaction.py fails when the two differ.
+SECRET_ENV_NAME = re.compile("|".join(sorted(word.upper() for word in SECRET_WORDS)))
 
 # (kind, pattern); the group "secret" (else the whole match) is what gets masked.
 _NOT_MASKED = r"(?!\[redacted\])"
@@ -71,8 +75,7 @@ def is_secret_name(name: str) -> bool:
 def is_secret_env_name(name: str) -> bool:
     """The broader test for environment variables the kit records: any SECRET_WORDS word
     anywhere in the name (the run-artifact schema refuses the same substrings)."""
-    upper = name.upper()
-    return any(word.upper() in upper for word in SECRET_WORDS)
+    return SECRET_ENV_NAME.search(name.upper()) is not None
 
 
 def _secret_value(value: str) -> bool:
@@ -197,6 +200,7 @@ def redact_document(doc: Any) -> Any:
 __all__ = [
     "MASK",
     "PATTERNS",
+    "SECRET_ENV_NAME",
     "SECRET_WORDS",
     "describe",
     "is_secret_env_name",

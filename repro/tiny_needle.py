@@ -13,13 +13,13 @@ or data is refused, with the command that rebuilds it (`python -m repro train-ti
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
+from repro.atomicio import sha256_file
 from repro.errors import ReproError
 
 CHECKPOINT = Path(__file__).resolve().parent / "checkpoints" / "tiny_needle"
@@ -44,7 +44,7 @@ def verify(folder: Path = CHECKPOINT) -> dict:
         )
     for name, want in _sums(folder).items():
         path = folder / name
-        got = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "missing"
+        got = sha256_file(path) if path.is_file() else "missing"
         if got != want:
             raise ReproError(
                 f"needle checkpoint file {path}: sha256 {got}, expected {want} ({SUMS}); "

@@ -6,7 +6,7 @@ decoding on the CPU, that downloads nothing, and in which a wrong cached Mamba s
 *visible* at the output. Random weights at transformers' defaults forget their recurrent
 state within a token (decay ~0.002 per token, docs/measured.md §Tiny models), so a corrupted
 cached state hardly moves the logits. The recipe below therefore sets a slow decay and a loud
-linear-attention output, and `tests/test_tinymodel.py` checks that a perturbed state
+linear-attention output, and `tests/test_vllm_plugin.py` checks that a perturbed state
 changes the output.
 
 The model is built once per recipe and cached under a directory named by the recipe's hash,

@@ -26,8 +26,6 @@ scanned for credentials before they are written, as artifacts are).
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
-import hashlib
 import json
 import os
 import re
@@ -37,7 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from repro.atomicio import write_json_atomic
+from repro.atomicio import sha256_file, write_json_atomic
+from repro.clock import utc_text
 from repro.errors import ReproError
 
 __all__ = [
@@ -155,7 +154,7 @@ def _write_lock_entry(repo_id: str, revision: str, lock_path: Path, resolved_fro
     doc["models"][repo_id] = {
         "revision": revision,
         "resolved_from": resolved_from,
-        "resolved_at": _now(),
+        "resolved_at": utc_text(),
     }
     doc["models"] = dict(sorted(doc["models"].items()))
     _refuse_secrets(doc, f"lock file {lock_path}")
@@ -284,15 +283,6 @@ def _hash_progress(total: int, label: str) -> Iterator[Any]:
         yield lambda n: progress.advance(task, n)
 
 
-def _sha256(path: Path, advance: Any) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            digest.update(chunk)
-            advance(len(chunk))
-    return digest.hexdigest()
-
-
 def build_manifest(
     snapshot: Path, repo_id: str, revision: str, patterns: tuple[str, ...] = ALLOW_PATTERNS
 ) -> dict[str, Any]:
@@ -305,13 +295,15 @@ def build_manifest(
     files = []
     with _hash_progress(sum(sizes.values()), f"sha256 {repo_id}") as advance:
         for p in paths:
-            files.append({"path": p, "size": sizes[p], "sha256": _sha256(snapshot / p, advance)})
+            files.append(
+                {"path": p, "size": sizes[p], "sha256": sha256_file(snapshot / p, progress=advance)}
+            )
     manifest = {
         "format": "repro-weights-manifest",
         "format_version": 1,
         "repo_id": repo_id,
         "revision": revision,
-        "created": _now(),
+        "created": utc_text(),
         "allow_patterns": list(patterns),
         "files": files,
         "total_bytes": sum(sizes.values()),
@@ -367,7 +359,7 @@ def check_snapshot(snapshot: Path, manifest: dict[str, Any], *, rehash: bool) ->
     total = sum(size for _, _, size in present) if rehash else 0
     with _hash_progress(total, f"verify {manifest['repo_id']}") as advance:
         for entry, path, size in present:
-            found_sha = _sha256(path, advance) if rehash else None
+            found_sha = sha256_file(path, progress=advance) if rehash else None
             if size != entry["size"] or (rehash and found_sha != entry["sha256"]):
                 found = f"size {size}" + (f", sha256 {found_sha}" if rehash else "")
                 problems.append(
@@ -523,12 +515,6 @@ def verify(
 
 
 # --- helpers -------------------------------------------------------------------------------
-
-
-def _now() -> str:
-    return (
-        dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
-    )
 
 
 def _refuse_secrets(doc: Any, what: str) -> None:

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 from crafted_archives import gnu_sparse_member
 
-from repro import bundle, report, runset
-from repro.bundle_verify import verify_bundle
 from repro.cli import main
-from repro.runset import EvidenceError
+from repro.evidence import archive, bundle, report, runs
+from repro.evidence.runs import EvidenceError
+from repro.evidence.verify import load_runs, verify_bundle
 
 FIXTURES = Path(__file__).parent / "fixtures" / "runs"
 
@@ -73,7 +73,7 @@ def repack(
         manifest["total_bytes"] = sum(e["bytes"] for e in manifest["files"])
         files["MANIFEST.json"] = (json.dumps(manifest, indent=2) + "\n").encode()
     mtime = int(bundle.parse_timestamp(manifest["created"]).timestamp())
-    tar = bytearray(bundle.tar_bytes(files, mtime))
+    tar = bytearray(archive.tar_bytes(files, mtime))
     if extra:
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as out:
@@ -84,7 +84,7 @@ def repack(
             for info in extra:
                 out.addfile(info, io.BytesIO(b"x" * info.size) if info.isreg() else None)
         tar = bytearray(buffer.getvalue())
-    data = bundle.gzip_bytes(bytes(tar))
+    data = archive.gzip_bytes(bytes(tar))
     dst.write_bytes(data)
     bundle.sidecar(dst).write_text(f"{hashlib.sha256(data).hexdigest()}  {dst.name}\n")
     return dst
@@ -121,7 +121,7 @@ def test_round_trip_verifies_and_keeps_every_byte(good, run_dirs):
     assert manifest["kit"] == {"name": "repro-kit", "version": "0.1.0"}
     assert [r["label"] for r in manifest["runs"]] == ["clean", "fault"]
     # SUMMARY.md is the report of the same runs.
-    assert files["SUMMARY.md"].decode() == report.render(runset.load(run_dirs))
+    assert files["SUMMARY.md"].decode() == report.render(load_runs(run_dirs))
     # Every re-derived verdict is reported as agreeing.
     text = result.render()
     assert text.count("re-derived from its figures: agrees") == 4
@@ -136,7 +136,7 @@ def test_members_have_fixed_metadata(good):
         assert info.isreg() and info.mode == 0o644 and info.uid == info.gid == 0
         assert info.uname == info.gname == ""
     raw = good.read_bytes()
-    assert raw[:10] == bundle.GZIP_HEADER  # mtime 0, no file name
+    assert raw[:10] == archive.GZIP_HEADER  # mtime 0, no file name
 
 
 def test_same_inputs_give_identical_bytes(run_dirs, tmp_path):
@@ -287,7 +287,7 @@ def test_changed_byte_in_a_tar_header(good, tmp_path):
     tar = bytearray(bundle_tar(good))
     tar[100] = ord("7")  # the first member's mode field; the header checksum no longer fits
     bad = tmp_path / "t.tar.gz"
-    bad.write_bytes(bundle.gzip_bytes(bytes(tar)))
+    bad.write_bytes(archive.gzip_bytes(bytes(tar)))
     assert problems(bad) == ["the tar inside the gzip stream is damaged (bad checksum)"]
 
 
@@ -296,7 +296,7 @@ def test_changed_byte_in_tar_padding(good, tmp_path):
     size = len(members_of(good)["MANIFEST.json"])
     tar[512 + size + 10] = 0x01  # zero padding after the first member: tar readers skip it
     bad = tmp_path / "p.tar.gz"
-    bad.write_bytes(bundle.gzip_bytes(bytes(tar)))
+    bad.write_bytes(archive.gzip_bytes(bytes(tar)))
     found = problems(bad)
     assert len(found) == 1, found
     assert f"at byte {512 + size + 10}" in found[0] and "data of MANIFEST.json" in found[0]
@@ -526,7 +526,7 @@ def test_an_error_record_without_figures_is_noted_not_failed(good, tmp_path):
     files = members_of(good)
     doc = json.loads(files["runs/fault/cold-race.json"])
     edit(doc)
-    from repro.verdict_check import check_verdict
+    from repro.evidence.verdicts import check_verdict
 
     check = check_verdict(doc)
     assert not check.rederived and check.problems == []
@@ -537,7 +537,7 @@ def test_an_error_record_without_figures_is_noted_not_failed(good, tmp_path):
 
 
 def _gzip_tar(dst: Path, tar: bytes) -> Path:
-    data = bundle.gzip_bytes(tar)
+    data = archive.gzip_bytes(tar)
     dst.write_bytes(data)
     bundle.sidecar(dst).write_text(f"{hashlib.sha256(data).hexdigest()}  {dst.name}\n")
     return dst
@@ -564,7 +564,7 @@ def test_two_artifacts_of_one_arm_under_one_label_are_refused(good, tmp_path):
         found
     )
     with pytest.raises(EvidenceError, match="holds two cold-race files"):
-        runset.runs_from_files(manifest, files, source="two.tar.gz")
+        runs.runs_from_files(manifest, files, source="two.tar.gz")
 
 
 def _peak_bytes(function):
@@ -582,7 +582,7 @@ def test_a_sparse_member_is_refused_unread(good, tmp_path):
     """79 bytes of gzip hold a member that reads as 512 MiB: refused from its header."""
     files = members_of(good)
     mtime = int(bundle.parse_timestamp(json.loads(files["MANIFEST.json"])["created"]).timestamp())
-    pieces = list(bundle.tar_chunks(files, mtime))
+    pieces = list(archive.tar_chunks(files, mtime))
     sparse = gnu_sparse_member("runs/clean/big.bin", 512 << 20)
     bad = _gzip_tar(tmp_path / "sparse.tar.gz", b"".join(pieces[:-1]) + sparse + bytes(1024))
     result, peak = _peak_bytes(lambda: verify_bundle(bad))
@@ -593,9 +593,8 @@ def test_a_sparse_member_is_refused_unread(good, tmp_path):
 
 
 def test_a_gzip_bomb_stops_at_the_cap_within_one_slice(tmp_path, monkeypatch):
-    from repro import bundle_verify
 
-    monkeypatch.setattr(bundle_verify, "MAX_UNCOMPRESSED_BYTES", 4 << 20)
+    monkeypatch.setattr(archive, "MAX_UNCOMPRESSED_BYTES", 4 << 20)
     deflate = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
     zeros = bytes(1 << 20)
     bomb = b"".join(deflate.compress(zeros) for _ in range(64)) + deflate.flush()
@@ -616,11 +615,11 @@ def test_tar_chunks_are_the_bytes_tarfile_writes(good):
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for path in sorted(files):
             info = tarfile.TarInfo(path)
-            info.size, info.mtime, info.mode = len(files[path]), 1234, bundle.MEMBER_MODE
+            info.size, info.mtime, info.mode = len(files[path]), 1234, archive.MEMBER_MODE
             info.uid = info.gid = 0
             info.uname = info.gname = ""
             tar.addfile(info, io.BytesIO(files[path]))
-    assert bundle.tar_bytes(files, 1234) == buffer.getvalue()
+    assert archive.tar_bytes(files, 1234) == buffer.getvalue()
 
 
 def test_a_bundle_carrying_a_secret_is_named(good, tmp_path):

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from repro import bundle, compare
 from repro.cli import main
-from repro.runset import EvidenceError
+from repro.evidence import bundle, compare
+from repro.evidence.runs import EvidenceError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "runs"
 

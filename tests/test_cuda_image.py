@@ -29,8 +29,8 @@ from repro.containers.refs import InvalidRef
 from repro.errors import PatchError
 from repro.installset import InstallSetError
 from repro.installset import lock as lockmod
-from repro.installset.resolve import Locked, LockedWheel
-from repro.installset.target import Target
+from repro.installset.host import Target
+from repro.installset.resolve import Locked, LockedWheel, choose_wheel
 
 REPO = Path(__file__).resolve().parent.parent
 SHA = "0123456789abcdef0123456789abcdef01234567"
@@ -152,14 +152,14 @@ def test_one_wheel_per_package_as_pip_chooses():
             wheel("numpy-2.2.6-cp312-cp312-manylinux_2_34_x86_64.whl"),  # too new a glibc
         ),
     )
-    chosen = lockmod.choose_wheel(pkg, Target.create("3.12", ["manylinux_2_31_x86_64"]))
+    chosen = choose_wheel(pkg, Target.create("3.12", ["manylinux_2_31_x86_64"]))
     assert chosen.filename == "numpy-2.2.6-cp312-cp312-manylinux_2_28_x86_64.whl"
     with pytest.raises(InstallSetError, match="no wheel fits Python 3.10"):
-        lockmod.choose_wheel(pkg, Target.create("3.10"))
+        choose_wheel(pkg, Target.create("3.10"))
 
 
 def test_the_0_26_0_lock_is_the_h200s_torch_plus_the_install_set():
-    from repro.installset.hostenv import read_freeze
+    from repro.installset.host import read_freeze
 
     lock = lockmod.read_lock(LOCK_026)
     host = read_freeze(FREEZE)
@@ -557,14 +557,14 @@ def test_a_gpu_run_refuses_unpinned_weights_unless_allowed(tmp_path):
 
 
 def test_the_artifact_records_the_weights_pin(monkeypatch):
-    from repro import evidence
+    from repro.evidence import record
     from repro.profiles import get_profile
 
     profile = get_profile("qwen3.6-27b-fp8")
     monkeypatch.setenv("REPRO_WEIGHTS_PIN", json.dumps({"revision": "b" * 40, "pinned": True}))
-    assert evidence._weights_revision(profile) == "b" * 40
+    assert record._weights_revision(profile) == "b" * 40
     monkeypatch.setenv("REPRO_WEIGHTS_PIN", json.dumps({"revision": None, "pinned": False}))
-    assert evidence._weights_revision(profile) is None
+    assert record._weights_revision(profile) is None
     from repro.artifact import redact_env
 
     assert "REPRO_WEIGHTS_PIN" in redact_env()  # so every artifact's environment carries it

@@ -1,67 +1,54 @@
-"""repro.installset: resolve logic (offline, with fakes), packing, verifying and installing.
+"""repro.installset: the host, the resolution (uv stood in by fakes), and a real set.
 
-The network half (uv resolving vLLM against PyPI, pip downloading) is exercised with fakes;
-the transfer half runs for real on two wheels built here: staging install with pip, tar +
-xz, parts, manifest (validated against its schema), verify and install, then an import
-from the installed folder in a fresh interpreter.
+The network half (uv resolving vLLM against PyPI) is exercised with fakes; downloading runs
+real pip against wheels served on loopback (a stand-in for the index, which the tests do not
+reach). The transfer half runs for real on two wheels built here: parts, manifest (validated
+against its schema), verify, and pip's hash-checking install, then an import from the
+installed folder in a fresh interpreter.
 """
 
 from __future__ import annotations
 
 import base64
+import email.parser
+import functools
 import hashlib
-import io
+import http.server
 import json
-import lzma
 import os
 import shutil
 import subprocess
 import sys
-import tarfile
+import threading
 import zipfile
 from pathlib import Path
 
 import pytest
-from crafted_archives import sparse_tar
 
 from repro.installset import InstallSetError
-from repro.installset.build import pack_set
-from repro.installset.fetch import parse_wheel_filename, record_wheel
-from repro.installset.graph import Candidate, read_wheel_metadata, target_walk
-from repro.installset.hostenv import (
-    Pin,
-    canonical_name,
-    parse_freeze,
-    read_freeze,
-    subtract_host,
-)
-from repro.installset.manifest import (
+from repro.installset.build import Wheel, download, pack_set, parse_size, write_parts
+from repro.installset.host import Target, expand_platforms, parse_freeze, read_freeze
+from repro.installset.install import (
     MANIFEST_NAME,
+    MARKER_NAME,
     ManifestInvalid,
+    PartsInvalid,
+    UnsafeArchive,
     check_structure,
+    install,
     load_manifest,
-    validate_schema,
+    verify,
 )
-from repro.installset.pack import parse_size, split_file
 from repro.installset.resolve import (
     Locked,
     LockedWheel,
-    UvConflict,
-    conflict_names,
+    UvFailed,
+    fewest,
     parse_pylock,
     resolve,
     stub_version,
     uv_platform,
     write_stub_wheel,
-)
-from repro.installset.target import Target, expand_platforms
-from repro.installset.unpack import (
-    MARKER_NAME,
-    PartsInvalid,
-    UnsafeArchive,
-    install,
-    unsafe_reason,
-    verify,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -70,45 +57,7 @@ HERE = f"{sys.version_info[0]}.{sys.version_info[1]}"
 PART_SIZE = 8 * 1024
 
 
-# --- the host's packages ---------------------------------------------------------------------
-
-
-def test_canonical_names_follow_pep_503():
-    assert canonical_name("Typing_Extensions") == "typing-extensions"
-    assert canonical_name("typing.extensions") == "typing-extensions"
-    assert canonical_name("zope__Interface") == "zope-interface"
-    assert canonical_name(" PyYAML ") == "pyyaml"
-
-
-def test_subtract_host_matches_names_in_any_spelling_and_keeps_host_versions():
-    closure = [
-        Pin("vllm", "0.26.0"),
-        Pin("typing-extensions", "4.12.0"),
-        Pin("Pydantic", "2.14.4"),
-        Pin("numba", "0.65.0"),
-        Pin("PyYAML", "6.0.3"),
-    ]
-    host = {"Typing_Extensions": "4.16.0", "numba": "0.68.0", "pyyaml": "6.0.3"}
-    split = subtract_host(closure, host)
-    assert [p.name for p in split.ship] == ["vllm", "Pydantic"]
-    on_host = {h.name: (h.wanted, h.host_version, h.same_version) for h in split.on_host}
-    assert on_host == {
-        "typing-extensions": ("4.12.0", "4.16.0", False),
-        "numba": ("0.65.0", "0.68.0", False),
-        "PyYAML": ("6.0.3", "6.0.3", True),
-    }
-
-
-def test_subtract_host_takes_a_parsed_freeze_and_ignores_local_labels():
-    host = parse_freeze("Torch==2.11.0+cu130\ntyping_extensions==4.16.0\n")
-    split = subtract_host([Pin("torch", "2.11.0"), Pin("Typing-Extensions", "4.16.0")], host)
-    assert split.ship == []
-    assert all(h.same_version for h in split.on_host)
-
-
-def test_subtract_host_refuses_a_closure_naming_a_package_twice():
-    with pytest.raises(InstallSetError, match="twice"):
-        subtract_host([Pin("Foo_Bar", "1"), Pin("foo-bar", "1")], {})
+# --- the host --------------------------------------------------------------------------------
 
 
 def test_parse_freeze_reads_pins_direct_references_and_editables():
@@ -122,9 +71,9 @@ def test_parse_freeze_reads_pins_direct_references_and_editables():
         "\n"
     )
     env = parse_freeze(text)
-    assert env.get("jinja2").version == "3.1.6"
+    assert env.get("jinja2").version == "3.1.6" and env.get("JINJA2") is env.get("Jinja2")
     assert env.get("MyPkg").version is None
-    assert "local-thing" in env and "torch" in env
+    assert "local-thing" in env and "Local.Thing" in env and "torch" in env
     assert env.skipped_lines == ("--index-url https://example.invalid/simple",)
     assert env.sha256 == hashlib.sha256(text.encode()).hexdigest()
 
@@ -134,17 +83,15 @@ def test_parse_freeze_refuses_two_versions_of_one_package():
         parse_freeze("numpy==2.5.2\nNumPy==2.4.0\n")
 
 
-def test_the_h200_freeze_is_the_host_architecture_describes():
+def test_the_h200_freeze_is_the_measured_host():
     host = read_freeze(H200_FREEZE)
     assert host.get("torch").version == "2.11.0"
     assert host.get("triton").version == "3.6.0"
     assert host.get("transformers").version == "5.17.0"
+    assert host.get("pip").version == "24.0", "the host installs with its own pip"
     for lacking in ("vllm", "pydantic", "msgspec", "pyzmq", "xgrammar", "blake3"):
         assert lacking not in host
     assert host.sha256 == hashlib.sha256(H200_FREEZE.read_bytes()).hexdigest()
-
-
-# --- the target ------------------------------------------------------------------------------
 
 
 def test_platforms_expand_to_older_glibc_tags_newest_first():
@@ -160,13 +107,11 @@ def test_platforms_expand_to_older_glibc_tags_newest_first():
     assert expand_platforms(["linux_x86_64"]) == ["linux_x86_64"]
 
 
-def test_target_markers_are_the_hosts_not_this_interpreters():
+def test_the_target_is_the_hosts_python_and_tags():
     target = Target.create("3.12.3", ["manylinux_2_31_x86_64"])
-    env = target.marker_environment()
-    assert env["python_version"] == "3.12" and env["python_full_version"] == "3.12.3"
-    assert env["platform_machine"] == "x86_64" and env["sys_platform"] == "linux"
-    assert target.python_tag == "cp312"
+    assert target.python_tag == "cp312" and target.machine == "x86_64"
     assert uv_platform(target) == "x86_64-manylinux_2_31"
+    assert uv_platform(Target.create("3.12", ["linux_x86_64"])) == "x86_64-unknown-linux-gnu"
     args = target.pip_args()
     assert args[:3] == ["--only-binary=:all:", "--python-version", "3.12"]
     assert args.count("--platform") == len(target.platforms)
@@ -200,37 +145,29 @@ def test_stub_wheels_are_valid_wheels_at_the_hosts_version(tmp_path):
     assert stub_version(None) is None
     path = write_stub_wheel(tmp_path, "Typing_Extensions", stub_version("4.16.0"))
     assert path.name == "typing_extensions-4.16.0+installset.host-py3-none-any.whl"
-    meta = read_wheel_metadata(path)
-    assert (meta.name, meta.version, meta.requires_dist) == (
+    with zipfile.ZipFile(path) as zf:
+        meta = email.parser.HeaderParser().parsestr(
+            zf.read("typing_extensions-4.16.0+installset.host.dist-info/METADATA").decode()
+        )
+    assert (meta["Name"], meta["Version"], meta.get_all("Requires-Dist")) == (
         "Typing_Extensions",
         "4.16.0+installset.host",
-        (),
+        None,
     )
 
 
-# Two of the conflicts uv reported for vllm==0.26.0 against the H200 host (shortened).
-UV_NUMBA = (
-    "error: No solution found when resolving dependencies\n  cause: Because vllm==0.26.0 "
-    "depends on numba==0.65.0 and numba==0.68.0+installset.host, we can conclude that "
-    "vllm==0.26.0 cannot be used."
-)
-UV_PROTOBUF = (
-    "  cause: Because nvidia-cutlass-dsl-libs-base==4.6.0 depends on protobuf>=6.30.2,<7 and "
-    "nvidia-cutlass-dsl==4.6.0 depends on nvidia-cutlass-dsl-libs-base==4.6.0, we can conclude "
-    "that nvidia-cutlass-dsl==4.6.0 depends on protobuf>=6.30.2,<7.\n         And because "
-    "vllm==0.26.0 depends on protobuf==7.36.2+installset.host, we can conclude that ..."
-)
+def test_fewest_leaves_out_every_member_it_can():
+    needed = {"numba", "setuptools", "numpy"}
+    candidates = sorted(needed | {f"pkg{i:02d}" for i in range(29)})
+    calls = []
 
+    def solves(trial):
+        calls.append(trial)
+        return needed <= set(trial)
 
-def test_conflict_names_finds_the_host_stubs_uv_blames():
-    host = read_freeze(H200_FREEZE)
-    assert conflict_names(UV_NUMBA, host) == {"numba"}
-    assert conflict_names(UV_PROTOBUF, host) == {"protobuf"}
-    # Phrased without the stub label: every host package named with a specifier.
-    assert conflict_names("Because x==1 depends on Numba>=1 and torch<2", host) == {
-        "numba",
-        "torch",
-    }
+    assert sorted(fewest(candidates, solves)) == sorted(needed)
+    assert len(calls) < len(candidates), "chunks first: fewer tries than one per candidate"
+    assert fewest(["a", "b"], lambda trial: True) == []
 
 
 def _locked(name: str, version: str, size: int = 100) -> Locked:
@@ -240,49 +177,55 @@ def _locked(name: str, version: str, size: int = 100) -> Locked:
 
 
 class FakeUv:
-    """Answers like uv: a conflict until numba is overridden; excludes drop their subtree."""
+    """Answers like uv: no lock while numba is only a constraint (vLLM pins another version);
+    excludes drop their subtree; the lock holds the stubs of the host packages it uses."""
 
     def __init__(self):
         self.calls: list[tuple[set[str], set[str]]] = []
 
-    def compile(self, requirements, host, *, overrides=frozenset(), excludes=frozenset()):
-        self.calls.append((set(overrides), set(excludes)))
-        if "numba" not in overrides:
-            raise UvConflict(UV_NUMBA)
+    def compile(self, requirements, *, constraints, overrides, excludes, find_links):
+        overridden = {pin.split("==")[0].lower() for pin in overrides}
+        self.calls.append((overridden, set(excludes)))
+        if "numba" not in overridden:
+            raise UvFailed("No solution found: vllm==0.26.0 depends on numba==0.65.0 …")
         locked = [_locked("vllm", "0.26.0", 300), _locked("pydantic", "2.14.4")]
+        locked += [
+            _locked("numba", "0.68.0+installset.host"),
+            _locked("torch", "2.11.0+installset.host"),
+        ]
         if "flashinfer-python" not in excludes:
             locked += [_locked("flashinfer-python", "0.6.14", 5000), _locked("cuda-tile", "1.7")]
         return locked
 
 
-def test_resolve_overrides_host_packages_uv_blames_and_measures_exclusions():
+def test_resolve_overrides_only_the_host_packages_that_need_it():
     host = read_freeze(H200_FREEZE)
     fake = FakeUv()
     res = resolve("vllm==0.26.0", host, fake, exclude={"FlashInfer_Python": "optional"})
     assert [p.name for p in res.packages] == ["vllm", "pydantic"]
-    assert res.overrides == ["numba"]
+    assert res.overrides == ["numba"], "torch is used but stays a constraint"
+    assert ("numba", "0.68.0") in res.host_used and ("torch", "2.11.0") in res.host_used
     assert res.excluded == {"flashinfer-python": "optional"}
     assert [p.name for p in res.excluded_closure] == ["cuda-tile", "flashinfer-python"]
     assert res.wheel_bytes == 400
-    assert fake.calls[0] == (set(), {"flashinfer-python"})
-    assert fake.calls[-1] == ({"numba"}, set())
+    assert fake.calls[0] == (set(), {"flashinfer-python"}), "first: every host package kept"
+    assert len(fake.calls[1][0]) == len(host), "then: every host package overridden"
+    assert fake.calls[-1] == ({"numba"}, set()), "last: the full closure, measured"
 
 
-def test_resolve_refuses_a_root_the_host_has_and_conflicts_it_cannot_override():
-    host = parse_freeze("vllm==0.25.0\nnumba==0.68.0\n")
+def test_resolve_refuses_a_root_the_host_has_and_a_closure_nothing_solves():
     with pytest.raises(InstallSetError, match="already has vllm"):
-        resolve("vllm==0.26.0", host, FakeUv())
+        resolve("vllm==0.26.0", parse_freeze("vllm==0.25.0\nnumba==0.68.0\n"), FakeUv())
 
     class Stuck:
         def compile(self, *a, **k):
-            raise UvConflict("Because foo==1 depends on bar<1 and you require bar>2 …")
+            raise UvFailed("Because foo==1 depends on bar<1 and you require bar>2 …")
 
-    with pytest.raises(InstallSetError, match="names no host package"):
+    with pytest.raises(InstallSetError, match="(?s)even with every host package kept.*bar>2"):
         resolve("foo==1", parse_freeze("numba==0.68.0\n"), Stuck())
 
 
-@pytest.mark.skipif(sys.version_info < (3, 11), reason="tomllib is new in 3.11")
-def test_parse_pylock_drops_stubs_and_keeps_every_wheel():
+def test_parse_pylock_keeps_the_stubs_and_every_wheel():
     text = """
 lock-version = "1.0"
 [[packages]]
@@ -297,52 +240,10 @@ wheels = [
   { url = "https://f/apache_tvm_ffi-0.1.10-cp312-abi3-manylinux_2_28_x86_64.whl", size = 12, hashes = { sha256 = "cc" } },
 ]
 """  # noqa: E501
-    (pkg,) = parse_pylock(text)
-    assert (pkg.key, pkg.version, pkg.size, pkg.sha256s) == (
-        "apache-tvm-ffi",
-        "0.1.10",
-        12,
-        {"bb", "cc"},
-    )
+    stub, pkg = parse_pylock(text)
+    assert stub.version == "0.68.0+installset.host"
+    assert (pkg.key, pkg.version, pkg.size) == ("apache-tvm-ffi", "0.1.10", 12)
     assert pkg.wheels[1].filename == "apache_tvm_ffi-0.1.10-cp312-abi3-manylinux_2_28_x86_64.whl"
-
-
-def test_target_walk_uses_the_hosts_markers_and_records_what_the_host_must_meet():
-    host = parse_freeze("numba==0.68.0\ntorch==2.11.0\nsetuptools==81.0.0\n")
-    env = Target.create("3.12").marker_environment()
-    root = Candidate(
-        "vllm",
-        "0.26.0",
-        (
-            "numba==0.65.0",
-            "torch==2.11.0",
-            'setuptools<81.0.0,>=77.0.3; python_version > "3.11"',
-            'tomli; python_version < "3.11"',
-            "fastapi[standard]<0.137",
-            "flashinfer-python==0.6.14",
-            'zentorch==2.11.0.0; extra == "zen"',
-        ),
-    )
-    shipped = {
-        "fastapi": Candidate(
-            "fastapi", "0.136.3", ("starlette>=1", 'uvicorn>=0.12; extra == "standard"')
-        ),
-        "starlette": Candidate("starlette", "1.10.0"),
-        "uvicorn": Candidate("uvicorn", "0.54.0", ("h11>=0.8",)),
-        "orphan": Candidate("orphan", "1.0"),
-    }
-    walk = target_walk(root, (), shipped, host, env, exclude=["flashinfer-python"])
-    # python_version > "3.11" holds on the 3.12 host whatever runs this test; tomli does not.
-    unmet = {(h.name, h.specifier) for h in walk.host_conflicts}
-    assert unmet == {("numba", "==0.65.0"), ("setuptools", "<81.0.0,>=77.0.3")}
-    assert {h.name for h in walk.host if h.satisfied} == {"torch"}
-    assert walk.excluded == [("flashinfer-python==0.6.14", "vllm 0.26.0")]
-    # uvicorn is reached through fastapi's "standard" extra; its h11 is neither here nor there.
-    assert "uvicorn" in walk.reached and walk.reached["fastapi"] == {"standard"}
-    assert ("h11>=0.8", "uvicorn 0.54.0") in walk.missing
-    assert ("tomli", "vllm 0.26.0") not in walk.missing
-    assert walk.unreachable == {"orphan"}
-    assert walk.required_by["starlette"] == {"fastapi 0.136.3 (>=1)"}
 
 
 # --- a tiny install set, built and installed for real ----------------------------------------
@@ -381,13 +282,20 @@ def make_wheel(
     return path
 
 
+def wheel_of(path: Path) -> Wheel:
+    name, version = path.name.split("-")[:2]
+    sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    return Wheel(name, version, path.name, path.stat().st_size, sha, None, path)
+
+
+TARGET = Target.create(HERE, ["manylinux_2_17_x86_64"])
+ROOT = {"requirement": "tinypkg==1.0", "name": "tinypkg", "version": "1.0"}
+
+
 @pytest.fixture(scope="module")
-def tiny_set(tmp_path_factory) -> Path:
-    """Two wheels packed into several small parts; built once, copied by each test."""
-    base = tmp_path_factory.mktemp("tiny")
-    wheels = base / "wheels"
-    wheels.mkdir()
-    noise = os.urandom(40_000)  # incompressible: the archive spans several 8 KiB parts
+def tiny_wheels(tmp_path_factory) -> list[Path]:
+    wheels = tmp_path_factory.mktemp("wheels")
+    noise = os.urandom(40_000)  # incompressible: the set spans several 8 KiB parts
     tinydep = make_wheel(
         wheels,
         "tinydep",
@@ -405,16 +313,14 @@ def tiny_set(tmp_path_factory) -> Path:
         requires=("tinydep>=2",),
         entry_points="[console_scripts]\ntinypkg = tinypkg:main\n",
     )
-    records = [record_wheel(tinypkg), record_wheel(tinydep)]
-    out = base / "set"
-    target = Target.create(HERE, ["manylinux_2_17_x86_64"])
-    pack_set(
-        records,
-        out,
-        target,
-        root={"requirement": "tinypkg==1.0", "name": "tinypkg", "version": "1.0"},
-        part_size=PART_SIZE,
-    )
+    return [tinypkg, tinydep]
+
+
+@pytest.fixture(scope="module")
+def tiny_set(tiny_wheels, tmp_path_factory) -> Path:
+    """Two wheels cut into several small parts; built once, copied by each test."""
+    out = tmp_path_factory.mktemp("tiny") / "set"
+    pack_set([wheel_of(w) for w in tiny_wheels], out, TARGET, root=ROOT, part_size=PART_SIZE)
     return out
 
 
@@ -425,28 +331,26 @@ def set_copy(tiny_set, tmp_path) -> Path:
     return copy
 
 
-def test_the_tiny_set_has_several_parts_and_a_valid_manifest(tiny_set):
+def test_the_tiny_set_is_its_wheels_cut_into_parts_with_a_valid_manifest(tiny_set, tiny_wheels):
+    from repro.artifact import schema_violations
+
     manifest, sha = load_manifest(tiny_set)
-    validate_schema(manifest)
+    assert schema_violations(manifest, "install-set", 2) == []
     assert sha == hashlib.sha256((tiny_set / MANIFEST_NAME).read_bytes()).hexdigest()
     parts = manifest["parts"]
     assert len(parts) >= 3
     assert all(p["bytes"] == PART_SIZE for p in parts[:-1]) and 0 < parts[-1]["bytes"] <= PART_SIZE
     assert sorted(p.name for p in tiny_set.iterdir()) == sorted(
-        [MANIFEST_NAME] + [p["name"] for p in parts]
+        [MANIFEST_NAME, "SHA256SUMS"] + [p["name"] for p in parts]
     )
     joined = b"".join((tiny_set / p["name"]).read_bytes() for p in parts)
-    assert hashlib.sha256(joined).hexdigest() == manifest["archive"]["sha256"]
+    assert joined == b"".join(w.read_bytes() for w in tiny_wheels), "the wheels, as they were"
+    assert hashlib.sha256(joined).hexdigest() == manifest["stream"]["sha256"]
     assert [w["name"] for w in manifest["wheels"]] == ["tinypkg", "tinydep"]
-    assert manifest["vllm_version"] is None and manifest["host"] is None
+    assert manifest["host"] is None and manifest["resolution"] is None
     assert manifest["python"] == {"version": HERE, "tag": f"cp{HERE.replace('.', '')}"}
-    with tarfile.open(fileobj=io.BytesIO(lzma.decompress(joined))) as tar:
-        members = tar.getmembers()
-    names = [m.name for m in members]
-    assert "tinypkg/__init__.py" in names and "tinydep-2.0.dist-info/METADATA" in names
-    assert not any(n.endswith(".pyc") for n in names), "the build must not byte-compile"
-    assert manifest["archive"]["files"] == sum(1 for m in members if m.isreg())
-    assert {(m.uid, m.gid, m.uname, m.mtime) for m in members} == {(0, 0, "", members[0].mtime)}
+    sums = (tiny_set / "SHA256SUMS").read_text().splitlines()
+    assert sums == [f"{p['sha256']}  {p['name']}" for p in parts], "for `sha256sum -c`"
 
 
 def test_install_then_import_from_a_fresh_interpreter(set_copy, tmp_path):
@@ -455,8 +359,8 @@ def test_install_then_import_from_a_fresh_interpreter(set_copy, tmp_path):
     marker = json.loads((target / MARKER_NAME).read_text())
     manifest, sha = load_manifest(set_copy)
     assert marker["manifest_sha256"] == sha == result.manifest_sha256
-    assert marker["archive_sha256"] == manifest["archive"]["sha256"]
-    assert result.files == manifest["archive"]["files"]
+    assert marker["stream_sha256"] == manifest["stream"]["sha256"]
+    assert result.wheels == 2
     assert not [p for p in target.parent.iterdir() if p.name != "target"], "no leftovers"
     env = {**os.environ, "PYTHONPATH": str(target)}
     code = (
@@ -468,8 +372,10 @@ def test_install_then_import_from_a_fresh_interpreter(set_copy, tmp_path):
     )
     answer, version, where = out.stdout.split()
     assert (answer, version) == ("42", "1.0") and where.startswith(str(target))
-    script = (target / "bin" / "tinypkg").read_text()
-    assert script.startswith("#!/usr/bin/env python3\n"), "console scripts must be portable"
+    script = subprocess.run(
+        [target / "bin" / "tinypkg"], env=env, capture_output=True, text=True, check=True
+    )
+    assert script.stdout == "tinypkg says 42\n", "console scripts run with the host's python"
     # Installing the same set again is a no-op; a different folder content is refused.
     assert install(set_copy, target).already
     (target / "stray.txt").write_text("x")
@@ -477,7 +383,7 @@ def test_install_then_import_from_a_fresh_interpreter(set_copy, tmp_path):
     (target / MARKER_NAME).write_text(json.dumps(marker_of_another_set))
     with pytest.raises(InstallSetError, match="not empty"):
         install(set_copy, target)
-    assert install(set_copy, target, replace=True).files == manifest["archive"]["files"]
+    assert install(set_copy, target, replace=True).wheels == 2
     assert not (target / "stray.txt").exists()
 
 
@@ -530,10 +436,10 @@ def test_every_bad_part_is_named_at_once(set_copy):
     assert len(info.value.problems) == 2
 
 
-def test_a_manifest_that_lies_about_the_archive_is_refused(set_copy):
+def test_a_manifest_that_lies_about_the_stream_is_refused(set_copy):
     path = set_copy / MANIFEST_NAME
     doc = json.loads(path.read_text())
-    doc["archive"]["sha256"] = "0" * 64
+    doc["stream"]["sha256"] = "0" * 64
     path.write_text(json.dumps(doc))
     with pytest.raises(PartsInvalid, match="parts joined in order"):
         verify(set_copy)
@@ -543,10 +449,12 @@ def test_a_manifest_that_lies_about_the_archive_is_refused(set_copy):
     "mutate, message",
     [
         (lambda d: d["parts"][0].update(name="../../etc/passwd"), "plain file name"),
+        (lambda d: d["wheels"][0].update(filename="../x.whl"), "plain file name"),
         (lambda d: d["parts"][0].update(bytes=d["parts"][0]["bytes"] + 1), "add up"),
-        (lambda d: d.update(format_version=2), "format_version"),
+        (lambda d: d["wheels"][0].update(version="1.0 --index-url=x"), "bad name or version"),
+        (lambda d: d.update(format_version=1), "format_version"),
         (lambda d: d.update(parts=[]), "empty"),
-        (lambda d: d["archive"].pop("files"), "files is missing"),
+        (lambda d: d["stream"].pop("unpacked_bytes"), "unpacked_bytes"),
     ],
 )
 def test_check_structure_refuses_what_the_installer_cannot_trust(tiny_set, mutate, message):
@@ -556,254 +464,133 @@ def test_check_structure_refuses_what_the_installer_cannot_trust(tiny_set, mutat
         check_structure(doc)
 
 
-def _evil_set(tmp_path: Path, member: tarfile.TarInfo, data: bytes = b"") -> Path:
-    """A set whose hashes are all right but whose archive holds ``member``."""
-    out = tmp_path / "evil"
-    out.mkdir()
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        ok = tarfile.TarInfo("pkg/__init__.py")
-        ok.size = 2
-        tar.addfile(ok, io.BytesIO(b"#\n"))
-        tar.addfile(member, io.BytesIO(data) if member.isreg() else None)
-    archive = out / "evil-1.0-cp312.tar.xz"
-    archive.write_bytes(lzma.compress(raw.getvalue()))
-    parts, sha, size = split_file(archive, out, 256)
-    archive.unlink()
-    doc = {
-        "format": "repro-install-set",
-        "format_version": 1,
-        "archive": {
-            "name": archive.name,
-            "bytes": size,
-            "sha256": sha,
-            "files": 2,
-            "unpacked_bytes": 2 + (len(data) if member.isreg() else 0),
-        },
-        "parts": [p.as_dict() for p in parts],
-    }
-    (out / MANIFEST_NAME).write_text(json.dumps(doc))
-    return out
-
-
-def _member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile.TarInfo:
-    info = tarfile.TarInfo(name)
-    info.type = kind
-    info.linkname = link
-    info.size = 4 if kind == tarfile.REGTYPE else 0
-    return info
-
-
-@pytest.mark.parametrize(
-    "member, reason",
-    [
-        (_member("../escaped.txt"), "contains '..'"),
-        (_member("pkg/../../escaped.txt"), "contains '..'"),
-        (_member("/tmp/escaped.txt"), "absolute path"),
-        (_member("pkg/link", tarfile.SYMTYPE, "../../escaped.txt"), "leaving the target"),
-        (_member("pkg/link", tarfile.SYMTYPE, "/etc/passwd"), "absolute path"),
-        (_member("pkg/hard", tarfile.LNKTYPE, "../x"), "hard link"),
-        (_member("pkg/fifo", tarfile.FIFOTYPE), "special file"),
-    ],
-)
-def test_an_archive_member_escaping_the_target_is_refused(tmp_path, member, reason):
-    assert reason in unsafe_reason(member)
-    parts = _evil_set(tmp_path, member, b"evil")
-    verify(parts)  # the hashes are fine: the archive itself is the problem
-    target = tmp_path / "inside" / "target"
-    with pytest.raises(UnsafeArchive, match=reason):
-        install(parts, target)
-    assert not target.exists()
-    assert not list((tmp_path / "inside").iterdir()), "the partial extraction is removed"
-    assert not (tmp_path / "escaped.txt").exists()
-    assert not (tmp_path / "inside" / "escaped.txt").exists()
-
-
-def test_safe_members_pass():
-    assert unsafe_reason(_member("pkg/mod.py")) is None
-    assert unsafe_reason(_member("pkg/sub", tarfile.DIRTYPE)) is None
-    assert unsafe_reason(_member("pkg/sub/link", tarfile.SYMTYPE, "../mod.py")) is None
-
-
-def test_verify_and_install_run_on_the_standard_library_alone(set_copy, tmp_path):
-    """``python -S`` has no site-packages: no jsonschema, rich, packaging or pip."""
+def test_verify_and_install_run_on_the_standard_library_and_pip(set_copy, tmp_path):
+    """``python -S`` has no site-packages: no jsonschema, rich or packaging (the install's
+    pip runs as ``python -m pip``, as on the host)."""
     target = tmp_path / "bare-target"
     base = [sys.executable, "-S", "-m", "repro.installset"]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    verified = subprocess.run(
-        [*base, "verify", "--parts", str(set_copy)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+
+    def run(*args):
+        return subprocess.run([*base, *args], cwd=REPO, env=env, capture_output=True, text=True)
+
+    verified = run("verify", "--parts", str(set_copy))
     assert verified.returncode == 0, verified.stderr
     assert "ok:" in verified.stdout
-    done = subprocess.run(
-        [*base, "install", "--parts", str(set_copy), "--target", str(target)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    done = run("install", "--parts", str(set_copy), "--target", str(target))
     assert done.returncode == 0, done.stderr
-    for step in ("read manifest:", "verify ", "extract ", "write marker and move into place:"):
+    for step in ("read manifest:", "verify ", "cut the parts into 2 wheel(s):", "pip install"):
         assert step in done.stderr
     assert (target / MARKER_NAME).is_file() and (target / "tinypkg" / "__init__.py").is_file()
     _part(set_copy, 0).write_bytes(b"x")
-    refused = subprocess.run(
-        [*base, "verify", "--parts", str(set_copy)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    refused = run("verify", "--parts", str(set_copy))
     assert refused.returncode == 1 and _part(set_copy, 0).name in refused.stderr
 
 
-def test_wheel_file_names_and_records(tmp_path):
-    assert parse_wheel_filename("Partial_JSON_Parser-0.2.1.1.post7-py3-none-any.whl") == (
-        "partial-json-parser",
-        "0.2.1.1.post7",
-    )
-    with pytest.raises(InstallSetError):
-        parse_wheel_filename("foo-1.0.tar.gz")
-    wheel = make_wheel(tmp_path, "demo", "3.1", {"demo.py": b"x = 1\n"}, requires=("a>=1",))
-    rec = record_wheel(wheel)
-    assert (rec.name, rec.version, rec.bytes) == ("demo", "3.1", wheel.stat().st_size)
-    assert rec.sha256 == hashlib.sha256(wheel.read_bytes()).hexdigest()
-    assert read_wheel_metadata(wheel).requires_dist == ("a>=1",)
-
-
-def test_the_same_wheels_give_the_same_archive_on_another_day(tiny_set, tmp_path, monkeypatch):
-    # A set rebuilt later from the same wheels must hash the same (last stop's rebuild of the
-    # vLLM 0.26.0 set did not: its tar times came from the clock).
-    from datetime import datetime, timezone
-
+def test_the_same_wheels_give_the_same_parts_another_day_from_another_folder(
+    tiny_set, tiny_wheels, tmp_path, monkeypatch
+):
     import repro.installset.build as build
 
-    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
     manifest, _ = load_manifest(tiny_set)
-    monkeypatch.setattr(
-        build, "_utc_now", lambda: datetime(2031, 5, 6, 7, 8, 9, tzinfo=timezone.utc)
-    )
-    records = [record_wheel(Path(w)) for w in sorted(tiny_set.parent.glob("wheels/*.whl"))]
-    again, _ = pack_set(
-        sorted(records, key=lambda r: [w["name"] for w in manifest["wheels"]].index(r.name)),
-        tmp_path / "again",
-        Target.create(HERE, ["manylinux_2_17_x86_64"]),
-        root=manifest["root"],
-        part_size=PART_SIZE,
-    )
-    assert again["created"] == "2031-05-06T07:08:09Z" != manifest["created"]
-    assert again["archive"]["sha256"] == manifest["archive"]["sha256"]
-    assert [p["sha256"] for p in again["parts"]] == [p["sha256"] for p in manifest["parts"]]
-
-
-def test_the_same_wheels_give_the_same_archive_from_another_folder(tiny_set, tmp_path):
-    # pip records each wheel's absolute path in direct_url.json; a set built from a wheels
-    # folder elsewhere (another checkout) must still hash the same and carry no such path.
-    import shutil
-
-    manifest, _ = load_manifest(tiny_set)
+    monkeypatch.setattr(build, "utc_text", lambda: "2031-05-06T07:08:09Z")
     elsewhere = tmp_path / "another" / "checkout"
     elsewhere.mkdir(parents=True)
-    order = [w["name"] for w in manifest["wheels"]]
-    records = []
-    for wheel in sorted(tiny_set.parent.glob("wheels/*.whl")):
-        records.append(record_wheel(Path(shutil.copy(wheel, elsewhere))))
-    again, _ = pack_set(
-        sorted(records, key=lambda r: order.index(r.name)),
-        tmp_path / "again",
-        Target.create(HERE, ["manylinux_2_17_x86_64"]),
-        root=manifest["root"],
-        part_size=PART_SIZE,
-        keep_staging=True,
-    )
-    staged = tmp_path / "again" / ".staging"
-    assert not list(staged.glob("*.dist-info/direct_url.json"))
-    assert not any("direct_url" in r.read_text() for r in staged.glob("*.dist-info/RECORD"))
-    assert again["archive"]["sha256"] == manifest["archive"]["sha256"]
+    copies = [wheel_of(Path(shutil.copy(w, elsewhere))) for w in tiny_wheels]
+    again, _ = pack_set(copies, tmp_path / "again", TARGET, root=ROOT, part_size=PART_SIZE)
+    assert again["created"] == "2031-05-06T07:08:09Z" != manifest["created"]
+    assert again["stream"] == manifest["stream"] and again["parts"] == manifest["parts"]
 
 
-# --- extraction resolved against what is on disk, bounded, and never without the filter ----
+def test_a_wheel_that_is_not_the_one_listed_is_never_packed(tiny_wheels, tmp_path):
+    import dataclasses
+
+    wrong = dataclasses.replace(wheel_of(tiny_wheels[0]), sha256="0" * 64)
+    with pytest.raises(InstallSetError, match="not 0000"):
+        write_parts([wrong], tmp_path, "x", PART_SIZE)
 
 
-def _set_of(tmp_path: Path, members, *, files: int, unpacked: int) -> Path:
-    """A set whose hashes are all right, holding ``members`` (TarInfo, data) in order."""
+# --- what a sender could put in a set whose hashes all agree ---------------------------------
+
+
+def _crafted_set(tmp_path: Path, wheels: list[Path], *, unpacked: int | None = None) -> Path:
     out = tmp_path / "crafted"
-    out.mkdir()
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for info, data in members:
-            tar.addfile(info, io.BytesIO(data) if info.isreg() else None)
-    archive = out / "crafted-1.0-cp312.tar.xz"
-    archive.write_bytes(lzma.compress(raw.getvalue()))
-    parts, sha, size = split_file(archive, out, 256)
-    archive.unlink()
-    doc = {
-        "format": "repro-install-set",
-        "format_version": 1,
-        "archive": {
-            "name": archive.name,
-            "bytes": size,
-            "sha256": sha,
-            "files": files,
-            "unpacked_bytes": unpacked,
-        },
-        "parts": [p.as_dict() for p in parts],
-    }
-    (out / MANIFEST_NAME).write_text(json.dumps(doc))
+    records = [wheel_of(w) for w in wheels]
+    pack_set(records, out, TARGET, root=ROOT, part_size=256)
+    if unpacked is not None:  # the manifest understates what the wheels unpack to
+        doc = json.loads((out / MANIFEST_NAME).read_text())
+        doc["stream"]["unpacked_bytes"] = unpacked
+        (out / MANIFEST_NAME).write_text(json.dumps(doc))
     return out
 
 
-def _link_chain():
-    """``l1 -> .``, ``l1/l2 -> ..``, ``l2/ESCAPED``: each lexically inside, together outside."""
-    escaped = _member("l2/ESCAPED")
-    return [
-        (_member("l1", tarfile.SYMTYPE, "."), b""),
-        (_member("l1/l2", tarfile.SYMTYPE, ".."), b""),
-        (escaped, b"evil"),
-    ]
-
-
-def test_a_link_chain_passes_the_lexical_check_but_not_the_installer(tmp_path, monkeypatch):
-    """A data filter that lets the chain through (as on Pythons before the 2025 tarfile
-    fixes) is stood in by tarfile's fully trusting filter: the kit's own resolution refuses."""
-    chain = _link_chain()
-    assert all(unsafe_reason(m) is None for m, _ in chain), "lexically, every member is inside"
-    parts = _set_of(tmp_path, chain, files=1, unpacked=4)
-    monkeypatch.setattr(tarfile, "data_filter", tarfile.fully_trusted_filter)
+@pytest.mark.parametrize(
+    "member, refusal",
+    [
+        ("../escaped.txt", "leaves the install folder"),
+        ("/tmp/escaped.txt", "leaves the install folder"),
+        ("pkg/../../escaped.txt", "leaves the install folder"),
+        ("C:/escaped.txt", "leaves the install folder"),
+    ],
+)
+def test_a_wheel_member_leaving_the_target_is_refused(tmp_path, member, refusal):
+    (tmp_path / "w").mkdir()
+    evil = make_wheel(tmp_path / "w", "tinypkg", "1.0", {"tinypkg/__init__.py": b"#\n"})
+    with zipfile.ZipFile(evil, "a") as zf:
+        zf.writestr(member, b"evil")
+    parts = _crafted_set(tmp_path, [evil])
+    verify(parts)  # the hashes are fine: the wheel itself is the problem
     target = tmp_path / "inside" / "target"
-    with pytest.raises(UnsafeArchive, match=r"'l1/l2' is a symbolic link resolving outside"):
+    with pytest.raises(UnsafeArchive, match=refusal):
         install(parts, target)
-    assert not (tmp_path / "inside" / "ESCAPED").exists() and not target.exists()
-    assert not list((tmp_path / "inside").iterdir()), "the partial extraction is removed"
+    assert not target.exists()
+    assert not list((tmp_path / "inside").iterdir()), "the partial install is removed"
+    assert not (tmp_path / "escaped.txt").exists()
 
 
-def test_the_installer_refuses_to_extract_without_tarfiles_data_filter(tmp_path, monkeypatch):
-    parts = _set_of(tmp_path, _link_chain(), files=1, unpacked=4)
-    monkeypatch.delattr(tarfile, "data_filter")  # Python 3.10.0-3.10.11, 3.11.0-3.11.3
-    target = tmp_path / "inside" / "target"
-    with pytest.raises(InstallSetError, match="has no tarfile data filter"):
-        install(parts, target)
-    assert not (tmp_path / "inside" / "ESCAPED").exists() and not target.exists()
-
-
-def test_extraction_stops_past_the_manifests_unpacked_size(tmp_path):
-    big = _member("pkg/big.bin")
-    big.size = 1 << 20
-    parts = _set_of(tmp_path, [(big, bytes(1 << 20))], files=1, unpacked=4)
-    with pytest.raises(UnsafeArchive, match=r"more than the manifest's 1 files / 4 unpacked"):
+def test_wheels_claiming_more_than_the_manifest_are_refused(tmp_path, tiny_wheels):
+    parts = _crafted_set(tmp_path, tiny_wheels, unpacked=100)
+    with pytest.raises(UnsafeArchive, match=r"unpack to \d+ bytes, more than the manifest's 100"):
         install(parts, tmp_path / "target")
     assert not (tmp_path / "target").exists()
 
 
-def test_a_sparse_member_is_refused(tmp_path):
-    with tarfile.open(fileobj=io.BytesIO(sparse_tar("pkg/sparse.bin", 1 << 30))) as tar:
-        sparse = tar.next()
-    assert sparse.isreg() and sparse.size == 1 << 30, "tarfile counts it a regular file"
-    assert "sparse" in unsafe_reason(sparse)
+def _needs_zip_version(data: bytes, version: int) -> bytes:
+    at = data.index(b"PK\x01\x02") + 6  # the first central header's "version needed"
+    return data[:at] + bytes([version, 0]) + data[at + 2 :]
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda data: b"not a zip at all" * 64,
+        # A central directory asking for zip version 6.4: zipfile raises NotImplementedError
+        # (found by tests/test_fuzz_archives.py).
+        lambda data: _needs_zip_version(data, 64),
+    ],
+    ids=["not-a-zip", "zip-version-6.4"],
+)
+def test_a_wheel_that_is_not_a_readable_zip_is_a_named_refusal(tmp_path, monkeypatch, damage):
+    import repro.installset.build as build
+
+    (tmp_path / "w").mkdir()
+    fake = make_wheel(tmp_path / "w", "tinypkg", "1.0", {"tinypkg/__init__.py": b"#\n"})
+    damaged = damage(fake.read_bytes())
+    assert damaged != fake.read_bytes()
+    fake.write_bytes(damaged)
+    monkeypatch.setattr(build, "unpacked_bytes", lambda wheels: 0)  # a sender's own packer
+    with pytest.raises(UnsafeArchive, match="not a readable wheel"):
+        install(_crafted_set(tmp_path, [fake]), tmp_path / "target")
+
+
+def test_a_manifest_wheel_hash_that_lies_is_refused_by_name(tmp_path, tiny_wheels):
+    parts = _crafted_set(tmp_path, tiny_wheels)
+    doc = json.loads((parts / MANIFEST_NAME).read_text())
+    doc["wheels"][1]["sha256"] = "1" * 64  # parts and stream still agree
+    (parts / MANIFEST_NAME).write_text(json.dumps(doc))
+    with pytest.raises(PartsInvalid, match=r"tinydep-2.0-py3-none-any.whl: sha256 expected 1{64}"):
+        install(parts, tmp_path / "target")
+    assert not (tmp_path / "target").exists()
 
 
 def test_replace_never_deletes_a_folder_the_installer_did_not_write(set_copy, tmp_path):
@@ -819,49 +606,41 @@ def test_replace_never_deletes_a_folder_the_installer_did_not_write(set_copy, tm
     assert not (tmp_path / "site" / "stale.py").exists()
 
 
-@pytest.mark.parametrize(
-    "members, refusal",
-    [
-        ([(_member("."), b"evil")], "is not a plain relative path"),
-        ([(_member("pkg/./mod.py"), b"evil")], "is not a plain relative path"),
-        ([(_member("pkg/hard", tarfile.LNKTYPE, "pkg/absent.py"), b"")], "does not hold before"),
-    ],
-    ids=["dot-as-file", "dot-component", "hard-link-to-nothing"],
-)
-def test_members_the_fuzzer_found_are_named_refusals(tmp_path, members, refusal):
-    """Each crashed the installer with a raw tarfile or OS error (found by
-    tests/test_fuzz_archives.py); each is a named refusal now."""
-    parts = _set_of(tmp_path, members, files=1, unpacked=4)
-    with pytest.raises(UnsafeArchive, match=refusal):
-        install(parts, tmp_path / "target")
+def test_a_set_for_another_python_is_refused_before_anything_is_written(set_copy, tmp_path):
+    doc = json.loads((set_copy / MANIFEST_NAME).read_text())
+    doc["python"]["version"] = "3.9"
+    (set_copy / MANIFEST_NAME).write_text(json.dumps(doc))
+    with pytest.raises(InstallSetError, match="built for Python 3.9; this installer runs on"):
+        install(set_copy, tmp_path / "target")
     assert not (tmp_path / "target").exists()
 
 
-def test_a_damaged_tar_with_matching_hashes_is_a_named_refusal(tmp_path):
-    good = io.BytesIO()
-    with tarfile.open(fileobj=good, mode="w") as tar:
-        info = _member("pkg/mod.py")
-        tar.addfile(info, io.BytesIO(b"evil"))
-    damaged = bytearray(good.getvalue())
-    damaged[0] ^= 0xFF  # the first header's checksum no longer holds
-    out = tmp_path / "crafted"
-    out.mkdir()
-    archive = out / "crafted-1.0-cp312.tar.xz"
-    archive.write_bytes(lzma.compress(bytes(damaged)))
-    parts, sha, size = split_file(archive, out, 256)
-    archive.unlink()
-    doc = {
-        "format": "repro-install-set",
-        "format_version": 1,
-        "archive": {
-            "name": archive.name,
-            "bytes": size,
-            "sha256": sha,
-            "files": 1,
-            "unpacked_bytes": 4,
-        },
-        "parts": [p.as_dict() for p in parts],
-    }
-    (out / MANIFEST_NAME).write_text(json.dumps(doc))
-    with pytest.raises(UnsafeArchive, match="not a readable tar.xz"):
-        install(out, tmp_path / "target")
+# --- downloading: real pip, an index stood in by files served on loopback --------------------
+
+
+@pytest.fixture(scope="module")
+def served(tiny_wheels):
+    handler = functools.partial(
+        http.server.SimpleHTTPRequestHandler, directory=str(tiny_wheels[0].parent)
+    )
+    handler.log_message = lambda *a: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def _as_locked(wheel: Path, base: str, sha: str | None = None) -> Locked:
+    name, version = wheel.name.split("-")[:2]
+    sha = sha or hashlib.sha256(wheel.read_bytes()).hexdigest()
+    return Locked(name, version, (LockedWheel(f"{base}/{wheel.name}", sha, None),))
+
+
+def test_download_takes_each_wheel_by_url_and_sha256(served, tiny_wheels, tmp_path):
+    got = download([_as_locked(w, served) for w in tiny_wheels], tmp_path / "dl", TARGET)
+    assert [w.filename for w in got] == [w.name for w in tiny_wheels]
+    for record, original in zip(got, tiny_wheels, strict=True):
+        assert record.path.read_bytes() == original.read_bytes()
+        assert record.url == f"{served}/{original.name}"
+    with pytest.raises(InstallSetError, match="(?i)hash"):
+        download([_as_locked(tiny_wheels[0], served, "2" * 64)], tmp_path / "bad", TARGET)

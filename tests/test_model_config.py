@@ -149,7 +149,8 @@ def test_cli_model_takes_tp_from_the_gpus_or_the_flag(
 ):
     # Stand-in at the GPU boundary: two H200s reported by envinfo, and the arms not run (no
     # GPU here). What is checked is the profile the kit would run.
-    from repro import cli, runner, summary
+    from repro import cli, runner
+    from repro.evidence import summary
 
     monkeypatch.setattr("repro.envinfo.collect_hardware", lambda: {"gpus": [H200, H200]})
     seen = {}

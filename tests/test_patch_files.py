@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from repro import patching
+from repro.atomicio import sha256_file
 
 PATCH_DIR = Path(__file__).resolve().parent.parent / "containers" / "patches"
 README = PATCH_DIR / "README.md"
@@ -60,9 +61,9 @@ def test_sha256_matches_the_readme(path: Path):
     row = readme_rows()[path.name]
     listed = SHA256.findall(row)
     assert len(listed) == 1, f"README row for {path.name} should hold one sha256: {row}"
-    assert listed[0] == patching.sha256_of(path), (
+    assert listed[0] == sha256_file(path), (
         f"{path.name} changed without updating containers/patches/README.md "
-        f"(now {patching.sha256_of(path)})"
+        f"(now {sha256_file(path)})"
     )
 
 

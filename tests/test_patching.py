@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from repro import engine_env, patching
+from repro.atomicio import sha256_file
 from repro.errors import PatchError
 
 ORIGINAL = "def chunk_split(n):\n    return n // 2\n\n\ndef other():\n    return 1\n"
@@ -50,7 +51,7 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
 def test_applies_and_records_sha256(tmp_path, site):
     patch = write(tmp_path, "fix.diff", GOOD)
     record = patching.apply_patch(patch, site)
-    assert record == {"path": "fix.diff", "sha256": patching.sha256_of(patch)}
+    assert record == {"path": "fix.diff", "sha256": sha256_file(patch)}
     assert "n - n % 16" in (site / "vllm/v1/core/sched.py").read_text()
     # Recorded beside the package, where any run importing this vllm finds it.
     assert json.loads((site / patching.RECORD_NAME).read_text()) == [record]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from repro import preflight, profiles
-from repro.cli import _parse_overrides
 from repro.errors import HardwareUnavailable, ReproError
+from repro.profiles import parse_overrides
 
 H200 = {
     "name": "NVIDIA H200",
@@ -54,13 +54,13 @@ def test_override_replaces_and_null_removes():
     tiny = profiles.TINY.with_overrides({"speculative_config": None, "max_num_seqs": 4})
     settings = tiny.engine_settings(arm="multi-turn", prefix_caching=True)
     assert "speculative_config" not in settings and settings["max_num_seqs"] == 4
-    assert _parse_overrides(["speculative_config=null", "dtype=bfloat16", "x=3"]) == {
+    assert parse_overrides(["speculative_config=null", "dtype=bfloat16", "x=3"]) == {
         "speculative_config": None,
         "dtype": "bfloat16",
         "x": 3,
     }
     with pytest.raises(ReproError, match="KEY=JSON"):
-        _parse_overrides(["nonsense"])
+        parse_overrides(["nonsense"])
 
 
 def test_unknown_profile_lists_the_known_ones():

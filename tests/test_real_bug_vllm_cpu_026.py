@@ -33,8 +33,9 @@ from pathlib import Path
 
 import pytest
 
-from repro import engine_env, evidence, patching
+from repro import engine_env, evidence
 from repro.artifact import validate_artifact
+from repro.atomicio import sha256_file
 
 pytestmark = pytest.mark.engine
 
@@ -124,7 +125,7 @@ def test_pr51113_port_makes_0_26_0_clean(patched):
     assert patched["verdict"]["status"] == "clean", patched["verdict"]["reason"]
     assert patched["verdict"]["gate"] is None
     assert_engaged_on_0_26_0(patched)
-    assert patched["engine"]["patches"] == [{"path": FIX.name, "sha256": patching.sha256_of(FIX)}]
+    assert patched["engine"]["patches"] == [{"path": FIX.name, "sha256": sha256_file(FIX)}]
     threshold = patched["signal"]["threshold"]
     hits, _ = split_by_cache_hit(patched)
     assert max(hits) < threshold, (hits, threshold)

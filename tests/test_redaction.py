@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from repro import bundle, redaction, runner
+from repro import redaction, runner
 from repro.artifact import redact_env, scan_document
 from repro.containers import build
+from repro.evidence import bundle
+from repro.evidence.runs import EvidenceError
 from repro.profiles import get_profile
-from repro.runset import EvidenceError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "runs"
 # Made-up credentials in each format the scanner knows (none of them is real).
@@ -168,3 +169,15 @@ def test_an_image_record_is_never_read_through_a_link(tmp_path):
     os.symlink(elsewhere, run / "image-record.json")
     with pytest.raises(EvidenceError, match="a link .*regular files only"):
         bundle.build_bundle([run], tmp_path / "b.tar.gz", images_dir=None, environ={})
+
+
+def test_the_run_artifact_schema_refuses_the_names_the_scanner_drops():
+    """One secret-name pattern: the schema's copy of it is `repro.redaction.SECRET_ENV_NAME`."""
+    from repro.artifact import load_schema
+
+    schema = load_schema("run-artifact", 1)
+    names = schema["properties"]["engine"]["properties"]["environment"]["propertyNames"]
+    assert names["not"]["pattern"] == redaction.SECRET_ENV_NAME.pattern
+    for name in ("HF_TOKEN", "MY_APIKEY", "DB_PASSWD", "AWS_SECRET_ACCESS_KEY", "X_CREDENTIALS"):
+        assert redaction.is_secret_env_name(name), name
+    assert not redaction.is_secret_env_name("VLLM_CPU_KVCACHE_SPACE")

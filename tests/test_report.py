@@ -17,11 +17,13 @@ from typing import Any
 
 import pytest
 
-from repro import bundle, evidence, grading, report, runset
+from repro import evidence, grading
 from repro.artifact import validate_artifact
 from repro.cli import main
-from repro.runset import Run, load_run_dir
-from repro.verdict_check import check_verdict
+from repro.evidence import bundle, report, runs
+from repro.evidence.runs import Run, load_run_dir
+from repro.evidence.verdicts import check_verdict
+from repro.evidence.verify import load_runs
 
 FIXTURES = Path(__file__).parent / "fixtures" / "runs"
 CLEAN = load_run_dir(FIXTURES / "clean")
@@ -132,7 +134,7 @@ def needle(arm: str, model: str, tp: int, *, forward: int, distinct: tuple[int, 
 
 
 def run_of(label: str, **docs: dict[str, Any]) -> Run:
-    return Run(label=label, source=label, documents=runset.order_arms(docs))
+    return Run(label=label, source=label, documents=runs.order_arms(docs))
 
 
 # --- result text per verdict ---------------------------------------------------------------
@@ -383,8 +385,8 @@ def test_report_from_bundle_equals_report_from_directories(tmp_path, capsys):
     dirs = [Path(shutil.copytree(FIXTURES / n, tmp_path / n)) for n in ("clean", "fault")]
     out = tmp_path / "b.tar.gz"
     bundle.build_bundle(dirs, out, images_dir=None, environ={})
-    from_dirs = report.render(runset.load(dirs))
-    assert report.render(runset.load([out])) == from_dirs
+    from_dirs = report.render(load_runs(dirs))
+    assert report.render(load_runs([out])) == from_dirs
     md = tmp_path / "report.md"
     assert main(["report", str(out), "--out", str(md)]) == 0
     assert capsys.readouterr().out == from_dirs == md.read_text()
@@ -397,8 +399,8 @@ def test_report_refuses_an_unverified_bundle(tmp_path):
     out = tmp_path / "b.tar.gz"
     bundle.build_bundle(dirs, out, images_dir=None, environ={})
     out.write_bytes(out.read_bytes()[:-20])
-    with pytest.raises(runset.EvidenceError, match="does not verify"):
-        runset.load([out])
+    with pytest.raises(runs.EvidenceError, match="does not verify"):
+        load_runs([out])
     assert main(["report", str(out)]) == 2
 
 
@@ -407,8 +409,8 @@ def test_report_refuses_a_schema_invalid_artifact(tmp_path):
     doc = json.loads((run / "cold-race.json").read_text())
     doc["arm"] = "warm-race"
     (run / "cold-race.json").write_text(json.dumps(doc))
-    with pytest.raises(runset.EvidenceError, match=r"\$\.arm: expected one of"):
-        runset.load([run])
+    with pytest.raises(runs.EvidenceError, match=r"\$\.arm: expected one of"):
+        load_runs([run])
 
 
 def test_grading_constants_used_by_the_variants():
@@ -417,7 +419,7 @@ def test_grading_constants_used_by_the_variants():
 
 
 def test_kit_line_names_the_source_digest_where_recorded():
-    from repro.report import kit_text
+    from repro.evidence.report import kit_text
 
     doc = {"kit": {"version": "0.1.0", "git_commit": "8" * 40, "dirty": True}}
     assert kit_text(doc) == "0.1.0 @ `888888888888` (dirty tree)"

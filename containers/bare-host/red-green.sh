@@ -4,7 +4,8 @@
 #
 #   containers/bare-host/red-green.sh PARTS_DIR OUT_DIR [PATCH]
 #
-# PARTS_DIR holds an install set (python -m repro.installset build …): manifest.json + parts.
+# PARTS_DIR holds an install set (python -m repro.installset build …): manifest.json + parts;
+# installing it needs the host's python3 and its pip.
 # The tiny model is found through REPRO_CACHE (carry it; building it needs transformers too).
 # REPRO_PROFILE picks the tiny profile (default tiny; tiny-nemotron-h for the Mamba2 model).
 # REPRO_PHASES (default "install stock patched") picks steps, so a host whose calls are time

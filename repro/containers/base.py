@@ -21,6 +21,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from repro.clock import utc_text
 from repro.errors import ReproError
 
 DEFAULT_TAG = "repro-kit/debian-base:bookworm"
@@ -99,7 +100,7 @@ class BaseRecipe:
             "io.repro-kit.base.suite": self.suite,
             "io.repro-kit.base.mirror": self.mirror,
             "io.repro-kit.base.include": ",".join(self.include),
-            "org.opencontainers.image.created": _now(),
+            "org.opencontainers.image.created": utc_text(),
         }
 
 
@@ -247,10 +248,6 @@ def _import(client, rootfs: Path, tag: str, recipe: BaseRecipe) -> str:
     if image_id is None:
         raise BaseImageError(f"docker import gave no image id: {response!r}")
     return image_id
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 __all__ = [

@@ -28,6 +28,7 @@ from urllib.parse import urlparse, urlsplit, urlunsplit
 
 from repro import __version__, redaction
 from repro.atomicio import sha256_file, write_json_atomic
+from repro.clock import utc_text
 from repro.containers import pins as pins_mod
 from repro.containers.refs import parse_vllm_ref
 from repro.errors import ReproError
@@ -430,9 +431,7 @@ def build_cpu_image(
             f"base image {base!r} not found; make one: python -m repro base-image"
         ) from exc
     kit = envinfo.collect_kit(REPO)
-    created = _commit_time(kit.get("git_commit")) or time.strftime(
-        "%Y-%m-%dT%H:%M:%SZ", time.gmtime()
-    )
+    created = _commit_time(kit.get("git_commit")) or utc_text()
     labels = oci_labels(
         variant="cpu",
         build_args=build_args,
@@ -493,7 +492,7 @@ def build_cpu_image(
         "pip": pip_record,
         "kit": kit,
         "build": {
-            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - seconds)),
+            "started_at": utc_text(time.time() - seconds),
             "duration_s": round(seconds, 3),
             "steps": steps,
             "cached_steps": cached,
@@ -591,7 +590,7 @@ def _commit_time(commit: str | None) -> str | None:
     )
     if out.returncode != 0 or not out.stdout.strip():
         return None
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(out.stdout.strip())))
+    return utc_text(int(out.stdout.strip()))
 
 
 def validate_image_record(record: dict[str, Any]) -> None:

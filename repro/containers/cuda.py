@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from repro.atomicio import sha256_file, write_json_atomic
+from repro.clock import utc_text
 from repro.containers import build as build_mod
 from repro.containers import pins as pins_mod
 from repro.containers.refs import VllmRef, parse_vllm_ref
@@ -447,13 +448,13 @@ def build_cuda_image(
     """Build containers/cuda.Dockerfile for ``vllm_ref`` from the lock and write its record."""
     from repro import envinfo, patching
     from repro.containers.imagecheck import ImageCheckFailed, check_image
-    from repro.installset.lock import lock_sha256, read_lock, requirements_text
+    from repro.installset.lock import read_lock, requirements_text
 
     patches = [Path(p).resolve() for p in patches or []]
     for patch in patches:
         patching.check_python_only(patch)
     lock = read_lock(lock_path)
-    lock_sha = lock_sha256(lock_path)
+    lock_sha = sha256_file(lock_path)
     source = vllm_source(vllm_ref, variant, probe=False)
     if lock["vllm"].get("ref") != source.ref.value or lock["cuda_variant"] != variant:
         raise CudaBuildError(
@@ -475,7 +476,7 @@ def build_cuda_image(
         )
     kit = envinfo.collect_kit(build_mod.REPO)
     epoch = _commit_epoch(kit.get("git_commit"))
-    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch or time.time()))
+    created = utc_text(epoch)
     patch_records = [{"path": p.name, "sha256": sha256_file(p)} for p in patches]
     labels = labels_for(
         source=source,
@@ -511,7 +512,7 @@ def build_cuda_image(
             raise CudaBuildError(f"{DOCKERFILE} lost its line {LABEL_MARKER!r}")
         (context / "Dockerfile").write_text(dockerfile.replace(LABEL_MARKER, label_line))
         with _wheel_source(lock, wheelhouse, pip_dir, source) as pip_record:
-            started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            started_at = utc_text()
             started = time.monotonic()
             try:
                 image_id, steps, cached = build_mod._run_build(
@@ -667,17 +668,13 @@ def _repo_relative(path: Path) -> str:
 
 def make_cuda_wheelhouse(lock_path: Path, dest: Path, *, log=print) -> list:
     """Download every wheel of the lock into ``dest`` (checked by sha256; reused when there)."""
-    from repro.installset.fetch import download_wheels
+    from repro.installset.build import download
+    from repro.installset.host import Target
     from repro.installset.lock import locked_packages, read_lock
-    from repro.installset.pipcmd import PipCommand
-    from repro.installset.target import Target
 
     lock = read_lock(lock_path)
     target = Target(lock["python"]["version"], tuple(lock["platforms"]))
-    pip = PipCommand(
-        index_url=lock["index_url"], extra_index_urls=tuple(lock.get("extra_index_urls", []))
-    )
-    return download_wheels(locked_packages(lock), Path(dest), target, pip, log=log)
+    return download(locked_packages(lock), Path(dest), target, log=log)
 
 
 __all__ = [

@@ -43,11 +43,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from repro import __version__
-from repro.atomicio import open_atomic, write_json_atomic, write_text_atomic
+from repro import KIT_SOURCE, __version__
+from repro.atomicio import open_atomic, sha256_stream, write_json_atomic, write_text_atomic
+from repro.clock import utc_text
 from repro.errors import ReproError
 
-DEFAULT_IMAGES_DIR = Path(__file__).resolve().parent.parent.parent / "artifacts" / "images"
+DEFAULT_IMAGES_DIR = KIT_SOURCE / "artifacts" / "images"
 _CHUNK = 8 << 20
 _SMALL_MEMBER = 4 << 20
 
@@ -91,23 +92,22 @@ def _validate(doc: Any, schema: str, where: str) -> None:
         raise HandoffError(f"{where} does not match schemas/{schema}.v1.schema.json:\n{lines}")
 
 
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
-def _find_build_record(images_dir: Path | None, image_id: str) -> dict[str, Any] | None:
+def find_image_record(images_dir: Path | None, schema_tag: str, ids: set[str]) -> bytes | None:
+    """The bytes of a record (``schema`` ``schema_tag``) of one of the images ``ids`` in the
+    images folder, where build-image and import-image write them; None if there is none."""
     if images_dir is None or not images_dir.is_dir():
         return None
     for file in sorted(images_dir.glob("*.json")):
         if file.is_symlink():
             continue  # a record is a file the kit wrote here, never a link to one elsewhere
         try:
-            doc = json.loads(file.read_bytes())
+            data = file.read_bytes()
+            doc = json.loads(data)
         except (OSError, UnicodeDecodeError, json.JSONDecodeError):
             continue
-        if isinstance(doc, dict) and doc.get("schema") == "repro-kit/image-record":
-            if (doc.get("image") or {}).get("id") == image_id:
-                return doc
+        if isinstance(doc, dict) and doc.get("schema") == schema_tag:
+            if (doc.get("image") or {}).get("id") in ids:
+                return data
     return None
 
 
@@ -136,7 +136,8 @@ def export_image(
             digest.update(chunk)
             size += len(chunk)
     sha256 = digest.hexdigest()
-    build_record = _find_build_record(images_dir, image.id)
+    raw = find_image_record(images_dir, "repro-kit/image-record", {image.id})
+    build_record = json.loads(raw) if raw else None
     record = {
         "schema": "repro-kit/image-archive",
         "schema_version": 1,
@@ -147,7 +148,7 @@ def export_image(
             "labels": dict(image.labels or {}),
             "size_bytes": int(image.attrs.get("Size") or 0),
         },
-        "exported_at": _now(),
+        "exported_at": utc_text(),
         "kit": {"name": "repro-kit", "version": __version__},
         "build_record": build_record,
     }
@@ -174,17 +175,6 @@ def read_archive_record(archive: Path, record: Path | None = None) -> tuple[dict
         raise HandoffError(f"{path}: not JSON ({exc})") from exc
     _validate(doc, "image-archive", str(path))
     return doc, raw, path
-
-
-def _hash_handle(handle: BinaryIO) -> tuple[str, int]:
-    handle.seek(0)
-    digest = hashlib.sha256()
-    size = 0
-    while chunk := handle.read(_CHUNK):
-        digest.update(chunk)
-        size += len(chunk)
-    handle.seek(0)
-    return digest.hexdigest(), size
 
 
 # Annotations by which `docker load` (containerd image store) names what it loads.
@@ -442,7 +432,8 @@ def import_image(
     if not archive.is_file():
         raise HandoffError(f"{archive}: no such archive")
     with open(archive, "rb") as handle:
-        sha256, size = _hash_handle(handle)
+        sha256, size = sha256_stream(handle)
+        handle.seek(0)
         if sha256 != doc["archive"]["sha256"] or size != doc["archive"]["bytes"]:
             raise HandoffError(
                 f"{archive}: sha256 {sha256} ({size} bytes) does not match the record's "
@@ -527,7 +518,7 @@ def import_image(
         "image": {"id": expected_id, "tags": tags, "labels": expected_labels},
         "archive": {"file": archive.name, "bytes": size, "sha256": sha256},
         "record": {"file": record_file.name, "sha256": hashlib.sha256(raw_record).hexdigest()},
-        "imported_at": _now(),
+        "imported_at": utc_text(),
         "kit": {"name": "repro-kit", "version": __version__},
         "checks": checks,
     }
@@ -588,6 +579,7 @@ def location_image(image_id: str, labels: dict[str, str], images_dir: Path = DEF
 
 __all__ = [
     "DEFAULT_IMAGES_DIR",
+    "find_image_record",
     "Exported",
     "HandoffError",
     "Imported",

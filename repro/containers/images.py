@@ -174,8 +174,8 @@ def ensure_cuda_image(
     """The newest CUDA image for ``vllm_ref`` from its lock with this kit, built if missing
     (on nvidia/cuda by digest where it can be had, else on the local Ubuntu base)."""
     from repro import envinfo
+    from repro.atomicio import sha256_file
     from repro.containers import cuda
-    from repro.installset.lock import lock_sha256
 
     if not Path(lock_path).is_file():
         raise ImageMissing(
@@ -187,7 +187,7 @@ def ensure_cuda_image(
         client,
         vllm_ref=vllm_ref,
         variant=variant,
-        lock_sha256=lock_sha256(lock_path),
+        lock_sha256=sha256_file(lock_path),
         kit=kit,
     )
     if found:

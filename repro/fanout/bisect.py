@@ -20,7 +20,6 @@ the probes in order and the run directories on either side of the change.
 
 from __future__ import annotations
 
-import datetime as dt
 import html.parser
 import sys
 import urllib.parse
@@ -30,11 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from repro import KIT_SOURCE
 from repro.artifact import schema_violations
 from repro.atomicio import write_json_atomic
+from repro.clock import utc_text
 from repro.errors import ReproError
 from repro.fanout import cell
 from repro.fanout.conditions import Condition
+from repro.profiles import parse_overrides
 
 SKIPPED = ("inconclusive", "error")
 
@@ -253,8 +255,6 @@ def commit_env(commit: str, wheel_url: str, *, kit_source: Path, log=print) -> P
 
 
 def cmd_bisect(args) -> int:
-    from repro.cli import KIT_SOURCE, _parse_overrides
-
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
@@ -271,7 +271,7 @@ def cmd_bisect(args) -> int:
         refs = commit_refs(args.bad, args.good, commits)
     else:
         refs = release_refs(args.bad, args.good, cell.index_releases())
-    overrides = _parse_overrides(args.override)
+    overrides = parse_overrides(args.override)
     log(f"[bisect] {len(refs)} refs from bad {refs[0]} to good {refs[-1]}: {' '.join(refs)}")
 
     def probe(ref: str) -> Probe:
@@ -328,9 +328,7 @@ def cmd_bisect(args) -> int:
     doc = {
         "format": "repro-bisect",
         "format_version": 1,
-        "created": dt.datetime.now(dt.timezone.utc)
-        .isoformat(timespec="seconds")
-        .replace("+00:00", "Z"),
+        "created": utc_text(),
         "arm": args.arm,
         "bad": args.bad,
         "good": args.good,

@@ -22,9 +22,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from repro import engine_env, patching, runner
+from repro import KIT_SOURCE, engine_env, patching, runner
 from repro.atomicio import write_json_atomic
 from repro.errors import PatchError, ReproError
+from repro.fanout import conditions
 from repro.fanout.conditions import BadCondition, Condition
 from repro.profiles import get_profile
 
@@ -311,11 +312,8 @@ def run_cell(
 
 def cmd_matrix_cell(args) -> int:
     """`python -m repro matrix-cell --cell FILE`: one cell, as a Slurm array task runs it."""
-    from repro.fanout import matrix
-
     spec = json.loads(Path(args.cell).read_text())
-    condition = matrix.condition_from_spec(spec["condition"])
-    from repro.cli import KIT_SOURCE
+    condition = conditions.condition_from_spec(spec["condition"])
 
     docs = run_cell(
         condition,

@@ -32,7 +32,7 @@ from typing import Any
 
 import tomllib
 
-from repro import patching
+from repro.atomicio import sha256_file
 from repro.errors import ReproError
 from repro.profiles import PROFILES
 
@@ -94,7 +94,7 @@ class BadCondition:
 
 
 def _sha256_or_missing(path: Path) -> str:
-    return patching.sha256_of(path) if path.is_file() else f"missing:{path}"
+    return sha256_file(path) if path.is_file() else f"missing:{path}"
 
 
 def load(path: Path) -> list[Condition | BadCondition]:
@@ -236,3 +236,26 @@ def _line_of_key(text: str, key: str, start: int, end: int) -> int:
     when it is not found, e.g. a quoted key)."""
     match = re.compile(rf"^[ \t]*{re.escape(key)}[ \t]*=", re.M).search(text, start, end)
     return text.count("\n", 0, match.start() if match else start) + 1
+
+
+# --- as a cell's spec file carries it -------------------------------------------------------
+
+
+def condition_from_spec(spec: dict[str, Any]) -> Condition | BadCondition:
+    if "problem" in spec:
+        return BadCondition(name=spec["name"], problem=spec["problem"], line=spec.get("line"))
+    return Condition(
+        name=spec["name"],
+        vllm=spec["vllm"],
+        patches=tuple(Path(p) for p in spec["patch_paths"]),
+        overrides=spec["overrides"],
+        profile=spec["profile"],
+        arms=tuple(spec["arms"]),
+        inject_fault=spec["inject_fault"],
+    )
+
+
+def condition_spec(item: Condition | BadCondition) -> dict[str, Any]:
+    if isinstance(item, BadCondition):
+        return item.as_record()
+    return {**item.as_record(), "patch_paths": [str(p) for p in item.patches]}

@@ -19,7 +19,6 @@ command ends by naming the cells to re-run, and exits 1 when there are any.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import sys
@@ -28,12 +27,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from repro import report
+from repro import KIT_SOURCE
 from repro.artifact import schema_violations
 from repro.atomicio import write_json_atomic, write_text_atomic
+from repro.clock import utc_compact, utc_text
 from repro.errors import ReproError
+from repro.evidence import report
 from repro.fanout import cell, conditions
 from repro.fanout.conditions import BadCondition, Condition
+from repro.profiles import parse_overrides
 
 MATRIX_JSON = "matrix.json"
 MATRIX_MD = "MATRIX.md"
@@ -50,26 +52,6 @@ class Plan:
     environments: list[dict[str, Any]] = field(default_factory=list)
     slurm: dict[str, Any] | None = None
     started: float = field(default_factory=time.monotonic)
-
-
-def condition_from_spec(spec: dict[str, Any]) -> Condition | BadCondition:
-    if "problem" in spec:
-        return BadCondition(name=spec["name"], problem=spec["problem"], line=spec.get("line"))
-    return Condition(
-        name=spec["name"],
-        vllm=spec["vllm"],
-        patches=tuple(Path(p) for p in spec["patch_paths"]),
-        overrides=spec["overrides"],
-        profile=spec["profile"],
-        arms=tuple(spec["arms"]),
-        inject_fault=spec["inject_fault"],
-    )
-
-
-def condition_spec(item: Condition | BadCondition) -> dict[str, Any]:
-    if isinstance(item, BadCondition):
-        return item.as_record()
-    return {**item.as_record(), "patch_paths": [str(p) for p in item.patches]}
 
 
 # --- planning --------------------------------------------------------------------------------
@@ -101,7 +83,7 @@ def plan(items: list[Condition | BadCondition], out_dir: Path, *, log=print) -> 
             log(f"[matrix] {item.name}: kept (finished, same content hash)")
             continue
         if cell_dir.exists():
-            stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+            stamp = utc_compact()
             target = out_dir / SUPERSEDED / f"{item.name}.{stamp}"
             target.parent.mkdir(parents=True, exist_ok=True)
             os.replace(cell_dir, target)
@@ -177,9 +159,7 @@ def collect(p: Plan, *, executor: str, conditions_file: Path | None) -> dict[str
     return {
         "format": "repro-matrix",
         "format_version": 1,
-        "created": dt.datetime.now(dt.timezone.utc)
-        .isoformat(timespec="seconds")
-        .replace("+00:00", "Z"),
+        "created": utc_text(),
         "conditions_file": str(conditions_file) if conditions_file else None,
         "executor": executor,
         "conditions": [i.as_record() for i in p.items],
@@ -341,19 +321,16 @@ def load_items(args) -> tuple[list[Condition | BadCondition], Path | None]:
         return conditions.load(args.conditions), args.conditions.resolve()
     if not args.vllm:
         raise ReproError("give --conditions FILE.toml or at least one --vllm RELEASE")
-    from repro.cli import _parse_overrides
-
     return conditions.from_flags(
         vllm=args.vllm,
         patches=args.patch,
-        overrides=_parse_overrides(args.override),
+        overrides=parse_overrides(args.override),
         profile=args.profile,
         fault=args.inject_fault,
     ), None
 
 
 def cmd_matrix(args) -> int:
-    from repro.cli import KIT_SOURCE
     from repro.fanout import slurm
 
     def log(message: str) -> None:

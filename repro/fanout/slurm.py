@@ -148,7 +148,7 @@ def _weights_mount(profile, cache: Path | None) -> str:
 
 
 def cell_spec(item, cell_dir: Path, *, kit_source: Path, arm_timeout_s, in_image: bool) -> dict:
-    from repro.fanout.matrix import condition_spec
+    from repro.fanout.conditions import condition_spec
 
     return {
         "condition": condition_spec(item),

@@ -2,36 +2,27 @@
 
 A lab behind a firewall (and the kit's own lent GPU machine, which has no network) cannot
 ``pip install vllm``. This package turns "vLLM X on a host with this ``pip freeze``" into a
-directory of files to move there: a few xz-compressed parts of one tar archive plus a
-``manifest.json`` with every part's sha256.
+folder to move there: the wheels themselves, cut into parts, and a ``manifest.json`` naming
+every wheel and part by size and sha256 (and ``SHA256SUMS`` for ``sha256sum -c``).
 
-Build side (needs PyPI, pip, jsonschema; rich optional)::
+Build side (needs the index, uv, pip, packaging, jsonschema, rich)::
 
     python -m repro.installset build --vllm 0.26.0 --python 3.12 \\
         --for-host containers/hosts/h200-pip-freeze.txt --out DIR
 
-Host side (the Python standard library only; the kit's source on PYTHONPATH)::
+Host side (the standard library and the host's pip; the kit's source on PYTHONPATH)::
 
     python3 -m repro.installset verify  --parts DIR
     python3 -m repro.installset install --parts DIR --target TARGET
     export PYTHONPATH=TARGET          # then: python3 -c "from vllm import LLM"
 
-One module per concern:
-
-``hostenv``   the host's freeze file; canonical names; taking host packages out of a closure
-``target``    the host's Python and wheel platform tags; its environment-marker values
-``pipcmd``    running pip for another host, apart from this machine's pip settings
-``resolve``   the closure with uv, host packages as stubs (overridden where they conflict)
-``fetch``     downloading the exact wheels and recording name, version, size and sha256
-``graph``     the downloaded wheels' requirements walked as the host sees them
-``pack``      staging install, tar + xz, splitting into parts
-``build``     the build command: the above in order, then the manifest
-``manifest``  the manifest's shape: constants, a stdlib structural check, schema validation
-``unpack``    verify and install on the host: standard library only
-``progress``  step timings and an optional rich progress display
-
-On the bare host only ``unpack`` (with ``manifest``, ``progress`` and ``repro.atomicio``)
-is imported, all standard library; the build's modules are imported by ``build`` alone.
+``host``       the host: its freeze file, Python and wheel platform tags
+``resolve``    the closure with uv (host packages as stubs) and the wheel pip would pick
+``lock``       one wheel lock for the CUDA image and the install set
+``build``      download by URL and sha256 (pip), cut into parts, the manifest
+``install``    verify and install on the host (standard library + pip)
+``pipcmd``     running pip apart from the machine's own pip settings
+``hostcheck``  the host's installed packages against the lock's wheels, file for file
 """
 
 from __future__ import annotations

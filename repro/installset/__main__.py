@@ -1,8 +1,8 @@
 """``python -m repro.installset build|verify|install``.
 
-``verify`` and ``install`` run on a bare host with the standard library only: this file
-imports nothing else at module level, and ``build``'s modules (uv, pip, jsonschema, rich)
-are imported only when ``build`` runs.
+``verify`` and ``install`` run on a bare host with the standard library and its pip: this
+file imports nothing else at module level, and ``build``'s modules (uv, packaging,
+jsonschema, rich) are imported only when ``build`` runs.
 """
 
 from __future__ import annotations
@@ -59,15 +59,13 @@ def _parser() -> argparse.ArgumentParser:
         help="also ship vLLM's optional GPU-kernel and codec packages (hundreds of MiB; "
         "left out by default, see resolve.VLLM_OPTIONAL)",
     )
-    b.add_argument("--xz-preset", type=int, default=6, choices=range(0, 10), metavar="0-9")
     b.add_argument("--exclude-newer", metavar="DATE", help="ignore uploads after DATE (uv)")
     b.add_argument("--uv", metavar="PATH", help="the uv binary (default: on PATH or pip's uv)")
-    b.add_argument("--keep-staging", action="store_true", help="keep OUT/.staging for a look")
 
     v = sub.add_parser("verify", help="check the parts against manifest.json (stdlib only)")
     v.add_argument("--parts", required=True, type=Path, help="folder with manifest.json and parts")
 
-    i = sub.add_parser("install", help="verify, then extract into TARGET (stdlib only)")
+    i = sub.add_parser("install", help="verify, then pip-install into TARGET (stdlib + pip)")
     i.add_argument("--parts", required=True, type=Path, help="folder with manifest.json and parts")
     i.add_argument("--target", required=True, type=Path, help="new or empty folder to install to")
     i.add_argument(
@@ -77,43 +75,30 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _build(args: argparse.Namespace) -> None:
-    from repro.installset.build import build_from_lock, build_vllm
-    from repro.installset.pack import parse_size
-    from repro.installset.progress import Steps
+    from repro.installset.build import build_from_lock, build_vllm, parse_size
+    from repro.installset.host import DEFAULT_PLATFORM, Target
     from repro.installset.resolve import VLLM_OPTIONAL
-    from repro.installset.target import DEFAULT_PLATFORM, Target
 
+    size = parse_size(args.part_size)
     if args.lock:
         if args.vllm or args.python or args.for_host:
             raise InstallSetError("--lock replaces --vllm, --python and --for-host")
-        build_from_lock(
-            args.lock,
-            args.out,
-            part_size=parse_size(args.part_size),
-            xz_preset=args.xz_preset,
-            wheels_from=args.wheels_from,
-            keep_staging=args.keep_staging,
-            steps=Steps(),
-        )
+        build_from_lock(args.lock, args.out, part_size=size, wheels_from=args.wheels_from)
         return
     if not (args.vllm and args.python and args.for_host):
         raise InstallSetError("build needs --vllm, --python and --for-host (or --lock)")
-    target = Target.create(args.python, args.platform or [DEFAULT_PLATFORM])
     exclude = {} if args.include_optional else dict(VLLM_OPTIONAL)
     exclude.update({name: "left out with --exclude" for name in args.exclude})
     build_vllm(
         args.vllm,
         args.for_host,
         args.out,
-        target,
-        part_size=parse_size(args.part_size),
-        xz_preset=args.xz_preset,
+        Target.create(args.python, args.platform or [DEFAULT_PLATFORM]),
+        part_size=size,
         exclude=exclude,
         index_url=args.index_url,
         uv=args.uv,
         exclude_newer=args.exclude_newer,
-        keep_staging=args.keep_staging,
-        steps=Steps(),
     )
 
 
@@ -123,12 +108,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "build":
             _build(args)
         elif args.command == "verify":
-            from repro.installset.unpack import verify
+            from repro.installset.install import verify
 
             checked = verify(args.parts)
             print(f"ok: {len(checked.parts)} part(s) match {args.parts / 'manifest.json'}")
         else:
-            from repro.installset.unpack import install
+            from repro.installset.install import install
 
             install(args.parts, args.target, replace=args.replace)
     except InstallSetError as exc:

@@ -1,140 +1,221 @@
-"""``build``: resolve, download, check, stage, pack, and write the manifest.
+"""``build``: resolve (or read a lock), download the exact wheels, cut them into parts.
 
-Two halves, so that the second runs without a network (and is what the tests exercise):
-
-``build_vllm``   needs PyPI (uv resolves, pip downloads) and then calls
-``pack_set``     wheel files → staging install → tar + xz → parts → manifest.json,
-                 validated against ``schemas/install-set.v1.schema.json``, then verified
-                 from disk exactly as the host's ``verify`` will.
+The set is the wheels themselves, as the index serves them: pip downloads each chosen file
+by its URL with ``--require-hashes`` (the sha256 uv's lock lists), the files are joined in
+the manifest's order and cut into parts of ``--part-size`` for carrying, and the manifest
+names every wheel and part by size and sha256. The host installs with pip's own
+hash-checking install (`repro.installset.install`). The same wheels give the same parts,
+byte for byte, on any day and from any folder.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import shutil
-import subprocess
 import time
-from collections.abc import Mapping, Sequence
-from datetime import datetime, timezone
+import zipfile
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from repro.atomicio import write_json_atomic
+from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+from repro.artifact import schema_violations
+from repro.atomicio import sha256_file, write_json_atomic, write_text_atomic
+from repro.clock import utc_text
 from repro.installset import InstallSetError
-from repro.installset.fetch import WheelRecord, download_wheels
-from repro.installset.graph import read_wheel_metadata, target_walk
-from repro.installset.hostenv import HostEnv, canonical_name, read_freeze
-from repro.installset.manifest import (
+from repro.installset.host import Target
+from repro.installset.install import (
     FORMAT,
     FORMAT_VERSION,
     MANIFEST_NAME,
-    validate_schema,
+    ManifestInvalid,
+    Steps,
+    human_bytes,
+    verify,
 )
-from repro.installset.pack import DEFAULT_PART_SIZE, pack_directory, stage_wheels
-from repro.installset.pipcmd import PipCommand
-from repro.installset.progress import Steps, human_bytes
-from repro.installset.resolve import VLLM_OPTIONAL, UvCompiler, find_uv, resolve
-from repro.installset.target import Target
-from repro.installset.unpack import verify
+from repro.installset.pipcmd import run_pip
+from repro.installset.resolve import (
+    Locked,
+    choose_wheel,
+    tag_priority,
+)
 
-__all__ = ["build_from_lock", "build_vllm", "pack_set"]
-
-
-# 1980-01-01T00:00:00Z: the earliest time a zip (so a wheel) can record.
-ARCHIVE_MTIME = 315532800
-
-
-def _utc_now() -> datetime:
-    return datetime.now(timezone.utc).replace(microsecond=0)
+DEFAULT_PART_SIZE = 55 * 1024 * 1024
+_CHUNK = 1 << 20
+_UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "M": 10**6, "MB": 10**6, "G": 10**9}
+_UNITS |= {"GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
 
-def _version_of(cmd: Sequence[str]) -> str | None:
+def parse_size(text: str) -> int:
+    """``55MiB`` → 57671680; ``1000`` → 1000; ``2GB`` → 2×10⁹ (SI and IEC units)."""
+    raw = text.strip().replace(" ", "")
+    number = raw.rstrip("BbIiKkMmGg")
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    text = (out.stdout or out.stderr).strip().splitlines()
-    return text[0] if text else None
+        value = float(number)
+    except ValueError:
+        value = -1.0
+    if raw[len(number) :].upper() not in _UNITS or value <= 0:
+        raise InstallSetError(f"cannot read the size {text!r}; write e.g. 55MiB, 50MB or 1048576")
+    return int(value * _UNITS[raw[len(number) :].upper()])
+
+
+@dataclass(frozen=True)
+class Wheel:
+    name: str
+    version: str
+    filename: str
+    bytes: int
+    sha256: str
+    url: str | None
+    path: Path
+
+    def as_dict(self) -> dict[str, Any]:
+        keys = ("name", "version", "filename", "bytes", "sha256", "url")
+        return {k: getattr(self, k) for k in keys}
+
+
+def download(packages: Sequence[Locked], dest: Path, target: Target, *, log=print) -> list[Wheel]:
+    """pip downloads each package's wheel for ``target`` by URL, checking its sha256; a file
+    already in ``dest`` with that hash is kept. Records in ``packages``' order."""
+    dest.mkdir(parents=True, exist_ok=True)
+    priority = tag_priority(target)
+    chosen = [(pkg, choose_wheel(pkg, target, priority)) for pkg in packages]
+    size = sum(w.size or 0 for _, w in chosen)
+    log(f"downloading {len(chosen)} wheel(s), {human_bytes(size)} (pip, --require-hashes)")
+    lines = [f"{p.name} @ {w.url} --hash=sha256:{w.sha256}\n" for p, w in chosen]
+    requirements = dest / ".requirements.txt"
+    write_text_atomic(requirements, "".join(lines))
+    run_pip(
+        ["download", "--no-deps", "--require-hashes", "--progress-bar", "off"]
+        + ["--dest", str(dest), *target.pip_args(), "-r", str(requirements)],
+        what=f"downloading {len(chosen)} wheel(s)",
+    )
+    requirements.unlink()
+    paths = [dest / w.filename for _, w in chosen]
+    return [
+        Wheel(p.name, p.version, w.filename, path.stat().st_size, w.sha256, w.url, path)
+        for (p, w), path in zip(chosen, paths, strict=True)
+    ]
+
+
+def unpacked_bytes(wheels: Sequence[Wheel]) -> int:
+    """What the wheels' members claim to unpack to: the installer's bound on pip."""
+    total = 0
+    for wheel in wheels:
+        try:
+            with zipfile.ZipFile(wheel.path) as zf:
+                total += sum(info.file_size for info in zf.infolist())
+        except (zipfile.BadZipFile, NotImplementedError, ValueError, EOFError) as exc:
+            raise InstallSetError(f"{wheel.path} is not a readable wheel ({exc})") from exc
+    return total
+
+
+def _joined(wheels: Sequence[Wheel]) -> Iterator[bytes]:
+    """The wheels' bytes in order, each file checked against its sha256 as it is read."""
+    for wheel in wheels:
+        found = hashlib.sha256()
+        with open(wheel.path, "rb") as src:
+            while chunk := src.read(_CHUNK):
+                found.update(chunk)
+                yield chunk
+        if found.hexdigest() != wheel.sha256:
+            raise InstallSetError(f"{wheel.path}: sha256 {found.hexdigest()}, not {wheel.sha256}")
+
+
+def write_parts(
+    wheels: Sequence[Wheel], out_dir: Path, stem: str, part_size: int
+) -> tuple[list[dict[str, Any]], str, int]:
+    """The wheels joined in order and cut into ``STEM.part001``…; (parts, sha256, bytes).
+
+    Earlier parts of the same stem are removed first, so a smaller rebuild leaves none."""
+    total = sum(w.bytes for w in wheels)
+    if -(-total // part_size) > 999:
+        raise InstallSetError("more than 999 parts: choose a larger --part-size")
+    for old in out_dir.glob(f"{stem}.part*"):
+        old.unlink()
+    whole, parts, out = hashlib.sha256(), [], None
+    columns = ("{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn())
+    try:
+        with Progress(*columns, transient=True) as bar:
+            task = bar.add_task(f"parts of {stem}", total=total)
+            for chunk in _joined(wheels):
+                whole.update(chunk)
+                bar.advance(task, len(chunk))
+                while chunk:
+                    if out is None or parts[-1]["bytes"] == part_size:
+                        if out is not None:
+                            out.close()
+                        name = f"{stem}.part{len(parts) + 1:03d}"
+                        out = open(out_dir / name, "wb")  # noqa: SIM115 - closed when full
+                        parts.append({"name": name, "bytes": 0, "sha256": hashlib.sha256()})
+                    room = part_size - parts[-1]["bytes"]
+                    piece, chunk = chunk[:room], chunk[room:]
+                    out.write(piece)
+                    parts[-1]["sha256"].update(piece)
+                    parts[-1]["bytes"] += len(piece)
+    finally:
+        if out is not None:
+            out.close()
+    return [{**p, "sha256": p["sha256"].hexdigest()} for p in parts], whole.hexdigest(), total
 
 
 def pack_set(
-    wheels: Sequence[WheelRecord],
+    wheels: Sequence[Wheel],
     out_dir: Path,
     target: Target,
     *,
     root: Mapping[str, str],
     part_size: int = DEFAULT_PART_SIZE,
-    xz_preset: int = 6,
     host: Mapping[str, Any] | None = None,
     resolution: Mapping[str, Any] | None = None,
-    index_url: str | None = None,
-    required_by: Mapping[str, Sequence[str]] | None = None,
-    steps: Steps | None = None,
-    pip: PipCommand | None = None,
-    keep_staging: bool = False,
-    tools: Mapping[str, str | None] | None = None,
     lock: Mapping[str, str] | None = None,
+    steps: Steps | None = None,
 ) -> tuple[dict[str, Any], str]:
-    """Stage ``wheels``, pack them into parts in ``out_dir``, write and check the manifest.
-
-    Returns the manifest and its sha256. ``root`` is ``{"requirement", "name", "version"}``.
-    """
+    """Cut ``wheels`` into parts in ``out_dir``, write and check the manifest, then verify the
+    set from disk as the host will. Returns the manifest and its sha256."""
     steps = steps or Steps()
     out_dir.mkdir(parents=True, exist_ok=True)
-    created = _utc_now()
-    # File times in the archive: SOURCE_DATE_EPOCH, else a fixed date, never the clock, so
-    # the same wheels give the same archive bytes on any day (a rebuilt set hashes the same).
-    mtime = int(os.environ.get("SOURCE_DATE_EPOCH", ARCHIVE_MTIME))
-    staging = out_dir / ".staging"
-    with steps.step(f"staging install of {len(wheels)} wheel(s)"):
-        stage_wheels([w.path for w in wheels], staging, target, pip)
-    archive_name = f"{root['name']}-{root['version']}-{target.python_tag}.tar.xz"
-    try:
-        packed = pack_directory(
-            staging, out_dir, archive_name, part_size, preset=xz_preset, mtime=mtime, steps=steps
-        )
-    finally:
-        if not keep_staging:
-            shutil.rmtree(staging, ignore_errors=True)
-    wheel_docs = []
-    for w in wheels:
-        doc = w.as_dict()
-        if required_by is not None:
-            doc["required_by"] = list(required_by.get(canonical_name(w.name), []))
-        wheel_docs.append(doc)
+    stem = f"{root['name']}-{root['version']}-{target.python_tag}.wheels"
+    with steps.step(f"cut {len(wheels)} wheel(s) into parts"):
+        parts, sha, size = write_parts(wheels, out_dir, stem, part_size)
     manifest: dict[str, Any] = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
-        "created": created.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "created": utc_text(),
         "root": dict(root),
-        "vllm_version": root["version"] if root["name"] == "vllm" else None,
         "python": {"version": target.python, "tag": target.python_tag},
         "platforms": list(target.platforms),
-        "index_url": index_url,
         "host": dict(host) if host is not None else None,
-        "wheels": wheel_docs,
-        "wheel_bytes": sum(w.bytes for w in wheels),
-        "archive": packed.archive_dict(),
+        "wheels": [w.as_dict() for w in wheels],
+        "stream": {
+            "name": stem,
+            "bytes": size,
+            "sha256": sha,
+            "unpacked_bytes": unpacked_bytes(wheels),
+        },
         "part_size": part_size,
-        "parts": [p.as_dict() for p in packed.parts],
-        "install": {
-            "layout": "pip --target: put the folder on PYTHONPATH",
-            "command": "python3 -m repro.installset install --parts DIR --target TARGET",
+        "parts": parts,
+        "install": {"command": "python3 -m repro.installset install --parts DIR --target TARGET"},
+        "resolution": dict(resolution) if resolution is not None else None,
+        "lock": dict(lock) if lock is not None else None,
+        "build": {
+            "seconds": dict(steps.timings),
+            "tools": {"python": platform.python_version(), "pip": metadata.version("pip")},
         },
     }
-    if resolution is not None:
-        manifest["resolution"] = dict(resolution)
-    if lock is not None:
-        manifest["lock"] = dict(lock)
-    manifest["build"] = {
-        "seconds": dict(steps.timings),  # every step up to here; verifying follows
-        "tools": dict(tools or {}),
-        "xz_preset": xz_preset,
-    }
-    with steps.step("validate and write manifest"):
-        validate_schema(manifest)
-        write_json_atomic(out_dir / MANIFEST_NAME, manifest)
+    problems = schema_violations(manifest, "install-set", FORMAT_VERSION)
+    if problems:
+        lines = "\n  ".join(problems)
+        raise ManifestInvalid(f"the manifest does not satisfy its schema:\n  {lines}")
+    write_json_atomic(out_dir / MANIFEST_NAME, manifest)
+    # `sha256sum -c SHA256SUMS` checks the parts where the kit is not at hand.
+    sums = "".join(f"{p['sha256']}  {p['name']}\n" for p in parts)
+    write_text_atomic(out_dir / "SHA256SUMS", sums)
     with steps.step("verify the written set as the host will"):
         checked = verify(out_dir, steps=steps)
     return checked.manifest, checked.manifest_sha256
@@ -147,113 +228,29 @@ def build_vllm(
     target: Target,
     *,
     part_size: int = DEFAULT_PART_SIZE,
-    xz_preset: int = 6,
-    exclude: Mapping[str, str] | None = None,
-    index_url: str | None = None,
-    uv: str | None = None,
-    exclude_newer: str | None = None,
-    keep_staging: bool = False,
     steps: Steps | None = None,
+    **resolving: Any,
 ) -> tuple[dict[str, Any], str]:
-    """The whole build for ``vllm==VERSION`` on the host described by ``freeze_file``."""
+    """The set for ``vllm==VERSION`` on the host described by ``freeze_file``: its wheel lock
+    (the install set alone, ``OUT/wheel-lock.json``), then `build_from_lock`. ``resolving``:
+    `lock.make_lock`'s ``exclude``, ``index_url``, ``uv`` and ``exclude_newer``."""
+    from repro.installset.lock import make_lock
+
     steps = steps or Steps()
-    started = time.monotonic()
-    root = f"vllm=={vllm_version}"
-    exclude = dict(VLLM_OPTIONAL if exclude is None else exclude)
-    host: HostEnv = read_freeze(freeze_file)
-    steps.say(f"host: {len(host)} packages from {freeze_file} (sha256 {host.sha256[:12]}…)")
-    pip = PipCommand(index_url=index_url) if index_url else PipCommand()
-    uv_bin = find_uv(uv)
-    compiler = UvCompiler(target, uv=uv_bin, index_url=pip.index_url, exclude_newer=exclude_newer)
-
     with steps.step("resolve"):
-        res = resolve(root, host, compiler, exclude=exclude, log=steps.say)
-    steps.say(
-        f"  {len(res.packages)} wheel(s) to ship, {human_bytes(res.wheel_bytes)}; host "
-        f"packages kept against the closure's pins: {', '.join(res.overrides) or 'none'}"
-    )
-    if res.excluded_closure:
-        saved = sum(p.size for p in res.excluded_closure)
-        steps.say(
-            f"  left out (optional, see --include-optional): {len(res.excluded_closure)} "
-            f"wheel(s), {human_bytes(saved)}"
+        lock = make_lock(
+            f"vllm=={vllm_version}",
+            target=target,
+            freeze_file=freeze_file,
+            vllm={"ref": vllm_version, "kind": "release"},
+            image=False,
+            log=steps.say,
+            **resolving,
         )
-
-    wheels_dir = out_dir / "wheels"
-    with steps.step("download"):
-        records = download_wheels(res.packages, wheels_dir, target, pip, log=steps.say)
-
-    with steps.step("check the dependency graph"):
-        metas = {r.name: read_wheel_metadata(r.path) for r in records}
-        shipped = {m.key: m for m in metas.values()}
-        root_meta = metas[res.root.name]
-        walk = target_walk(
-            root_meta, (), shipped, host, target.marker_environment(), exclude=res.excluded
-        )
-        if walk.missing or walk.unmet:
-            lines = [f"{req} (for {by}): not in the set or on the host" for req, by in walk.missing]
-            lines += [f"{by} wants {req}, the set has {v}" for req, by, v in walk.unmet]
-            raise InstallSetError("the set is incomplete:\n  " + "\n  ".join(lines))
-        for key in sorted(walk.unreachable):
-            steps.say(f"  note: {key} is in uv's lock but no requirement reaches it on the host")
-        for h in walk.host_conflicts:
-            steps.say(
-                f"  host keeps {h.name} {h.host_version}; {h.required_by} wants {h.specifier}"
-            )
-
-    tools = {
-        "python": f"{platform.python_implementation()} {platform.python_version()}",
-        "pip": _version_of([pip.python, "-m", "pip", "--version"]),
-        "uv": _version_of([uv_bin, "--version"]),
-        "xz": _version_of(["xz", "--version"]),
-    }
-    host_used = sorted({(h.name, h.host_version) for h in walk.host})
-    resolution = {
-        "resolver": tools["uv"],
-        "host_overrides": res.overrides,
-        "host_packages_used": [{"name": n, "version": v} for n, v in host_used],
-        "host_requirements_unmet": [
-            {
-                "name": h.name,
-                "specifier": h.specifier,
-                "required_by": h.required_by,
-                "host_version": h.host_version,
-            }
-            for h in walk.host_conflicts
-        ],
-        "excluded": [{"name": n, "reason": why} for n, why in res.excluded.items()],
-        "excluded_closure": [
-            {"name": p.name, "version": p.version, "bytes": p.size} for p in res.excluded_closure
-        ],
-        "exclude_newer": exclude_newer,
-    }
-    host_doc = {
-        "freeze_file": str(freeze_file),
-        "freeze_sha256": host.sha256,
-        "packages": len(host),
-    }
-    manifest, sha = pack_set(
-        records,
-        out_dir,
-        target,
-        root={"requirement": root, "name": "vllm", "version": vllm_version},
-        part_size=part_size,
-        xz_preset=xz_preset,
-        host=host_doc,
-        resolution=resolution,
-        index_url=pip.index_url,
-        required_by={k: sorted(v) for k, v in walk.required_by.items()},
-        steps=steps,
-        pip=pip,
-        keep_staging=keep_staging,
-        tools=tools,
-    )
-    steps.say(
-        f"built {out_dir}: {len(manifest['parts'])} part(s), "
-        f"{human_bytes(manifest['archive']['bytes'])} from {human_bytes(manifest['wheel_bytes'])}"
-        f" of wheels, in {time.monotonic() - started:.0f} s; manifest sha256 {sha}"
-    )
-    return manifest, sha
+    steps.say(f"  host packages kept against the closure: {lock['resolution']['host_overrides']}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out_dir / "wheel-lock.json", lock)
+    return build_from_lock(out_dir / "wheel-lock.json", out_dir, part_size=part_size, steps=steps)
 
 
 def build_from_lock(
@@ -261,56 +258,43 @@ def build_from_lock(
     out_dir: Path,
     *,
     part_size: int = DEFAULT_PART_SIZE,
-    xz_preset: int = 6,
     wheels_from: Path | None = None,
-    keep_staging: bool = False,
     steps: Steps | None = None,
 ) -> tuple[dict[str, Any], str]:
     """The set of a wheel lock's ``install-set`` wheels (repro/installset/lock.py): the same
-    files, by sha256, that the CUDA image made from that lock installs.
+    files, by sha256, that the CUDA image made from that lock installs. ``wheels_from``: a
+    folder already holding some of them (a CUDA wheelhouse), linked instead of downloaded."""
+    from repro.installset.lock import locked_packages, read_lock
 
-    ``wheels_from``: a folder already holding some of them (a CUDA wheelhouse); matching
-    files are linked from there instead of downloaded.
-    """
-    from repro.installset.lock import lock_sha256, locked_packages, read_lock
-
-    steps = steps or Steps()
+    steps, started = steps or Steps(), time.monotonic()
     lock = read_lock(lock_path)
     target = Target(lock["python"]["version"], tuple(lock["platforms"]))
     packages = locked_packages(lock, ("install-set",))
     wheels_dir = out_dir / "wheels"
     wheels_dir.mkdir(parents=True, exist_ok=True)
-    if wheels_from is not None:
-        for pkg in packages:
-            src = Path(wheels_from) / pkg.wheels[0].filename
-            dst = wheels_dir / src.name
-            if src.is_file() and not dst.exists():
-                try:
-                    os.link(src, dst)
-                except OSError:
-                    shutil.copy2(src, dst)
-    pip = PipCommand(
-        index_url=lock["index_url"], extra_index_urls=tuple(lock.get("extra_index_urls", []))
-    )
+    for pkg in packages if wheels_from else ():
+        src, dst = Path(wheels_from) / pkg.wheels[0].filename, wheels_dir / pkg.wheels[0].filename
+        if src.is_file() and not dst.exists() and sha256_file(src) == pkg.wheels[0].sha256:
+            try:
+                os.link(src, dst)
+            except OSError:
+                shutil.copy2(src, dst)
     with steps.step("download"):
-        records = download_wheels(packages, wheels_dir, target, pip, log=steps.say)
-    root = records[0]
-    tools = {
-        "python": f"{platform.python_implementation()} {platform.python_version()}",
-        "xz": _version_of(["xz", "--version"]),
-    }
-    return pack_set(
-        records,
+        wheels = download(packages, wheels_dir, target, log=steps.say)
+    manifest, sha = pack_set(
+        wheels,
         out_dir,
         target,
-        root={"requirement": lock["root"], "name": root.name, "version": root.version},
+        root={"requirement": lock["root"], "name": wheels[0].name, "version": wheels[0].version},
         part_size=part_size,
-        xz_preset=xz_preset,
         host=lock["host"],
-        index_url=lock["index_url"],
+        resolution=lock.get("resolution"),
+        lock={"path": str(lock_path), "sha256": sha256_file(lock_path)},
         steps=steps,
-        pip=pip,
-        keep_staging=keep_staging,
-        tools=tools,
-        lock={"path": str(lock_path), "sha256": lock_sha256(lock_path)},
     )
+    steps.say(
+        f"built {out_dir}: {len(wheels)} wheels, {human_bytes(manifest['stream']['bytes'])} in "
+        f"{len(manifest['parts'])} part(s) ({time.monotonic() - started:.0f} s from the lock); "
+        f"manifest sha256 {sha}"
+    )
+    return manifest, sha

@@ -20,83 +20,39 @@ CUDA wheels). One wheel per package is chosen the way pip chooses: the best tag 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
-from collections.abc import Mapping, Sequence
-from datetime import datetime, timezone
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from packaging.utils import canonicalize_name
+
+from repro import KIT_SOURCE
+from repro.clock import utc_text
 from repro.installset import InstallSetError
-from repro.installset.hostenv import HostEnv, canonical_name, read_freeze
+from repro.installset.host import HostEnv, Target, read_freeze
+from repro.installset.pipcmd import DEFAULT_INDEX
 from repro.installset.resolve import (
     VLLM_OPTIONAL,
     Locked,
     LockedWheel,
     UvCompiler,
+    choose_wheel,
     find_uv,
     resolve,
+    tag_priority,
 )
-from repro.installset.target import Target
-
-__all__ = [
-    "FORMAT",
-    "LOCKS_DIR",
-    "ORIGINS",
-    "choose_wheel",
-    "compare_records",
-    "default_lock_path",
-    "lock_sha256",
-    "locked_packages",
-    "make_lock",
-    "read_lock",
-    "requirements_text",
-]
 
 FORMAT = "repro-kit/wheel-lock"
 FORMAT_VERSION = 1
 ORIGINS = ("install-set", "host", "image-only")
-LOCKS_DIR = Path(__file__).resolve().parent.parent.parent / "containers" / "locks"
+LOCKS_DIR = KIT_SOURCE / "containers" / "locks"
 
 
 def default_lock_path(vllm_ref: str, cuda_variant: str, python_tag: str) -> Path:
     return LOCKS_DIR / f"vllm-{vllm_ref}-{cuda_variant}-{python_tag}.lock.json"
-
-
-# --- choosing one wheel, as pip does ----------------------------------------------------------
-
-
-def _tag_priority(target: Target) -> dict[Any, int]:
-    from packaging import tags
-
-    version = tuple(int(x) for x in target.python_minor.split("."))
-    ordered = list(tags.cpython_tags(version, platforms=list(target.platforms)))
-    ordered += list(tags.compatible_tags(version, f"cp{version[0]}{version[1]}", target.platforms))
-    priority: dict[Any, int] = {}
-    for rank, tag in enumerate(ordered):
-        priority.setdefault(tag, rank)
-    return priority
-
-
-def choose_wheel(pkg: Locked, target: Target, priority: Mapping[Any, int] | None = None):
-    """The wheel of ``pkg`` pip would install on ``target`` (its best-ranked tag)."""
-    from packaging.utils import parse_wheel_filename
-
-    priority = priority if priority is not None else _tag_priority(target)
-    best, best_rank = None, None
-    for wheel in pkg.wheels:
-        _name, _version, _build, wheel_tags = parse_wheel_filename(wheel.filename)
-        ranks = [priority[t] for t in wheel_tags if t in priority]
-        if ranks and (best_rank is None or min(ranks) < best_rank):
-            best, best_rank = wheel, min(ranks)
-    if best is None:
-        listed = ", ".join(w.filename for w in pkg.wheels)
-        raise InstallSetError(
-            f"{pkg.name} {pkg.version}: no wheel fits Python {target.python} on "
-            f"{target.platforms[0]} (the index lists {listed})"
-        )
-    return best
 
 
 # --- making a lock -----------------------------------------------------------------------------
@@ -105,54 +61,49 @@ def choose_wheel(pkg: Locked, target: Target, priority: Mapping[Any, int] | None
 def make_lock(
     root: str,
     *,
-    vllm: Mapping[str, str],
     target: Target,
-    cuda_variant: str,
     freeze_file: Path | None,
+    vllm: Mapping[str, str] | None = None,
+    cuda_variant: str | None = None,
     extra_requirements: Sequence[str] = (),
     exclude: Mapping[str, str] | None = None,
     index_url: str | None = None,
     extra_index_urls: Sequence[str] = (),
     uv: str | None = None,
     exclude_newer: str | None = None,
-    log=None,
+    image: bool = True,
+    log: Callable[[str], None] = lambda _msg: None,
 ) -> dict[str, Any]:
     """The lock document for ``root`` (``vllm==0.26.0`` or ``vllm @ URL``) on ``target``.
 
     ``freeze_file`` is the bare host's ``pip list --format=freeze``; None locks for a host
     with nothing (every wheel is then ``install-set``). ``extra_requirements`` (the kit's
     dependencies) go into the image only, where vLLM's closure does not already hold them.
+    With ``image`` off the lock holds the install set alone (one resolution, no image).
     """
-    say = log or (lambda _msg: None)
     host = read_freeze(freeze_file) if freeze_file else HostEnv({}, source="none")
+    uv = find_uv(uv)
+    compiler = UvCompiler(target, uv=uv, index_url=index_url or DEFAULT_INDEX)
+    compiler.extra_index_urls, compiler.exclude_newer = tuple(extra_index_urls), exclude_newer
     exclude = dict(VLLM_OPTIONAL if exclude is None else exclude)
-    compiler = UvCompiler(
-        target,
-        uv=find_uv(uv),
-        index_url=index_url or "https://pypi.org/simple",
-        extra_index_urls=tuple(extra_index_urls),
-        exclude_newer=exclude_newer,
-    )
-    res = resolve(root, host, compiler, exclude=exclude, measure_excluded=False, log=say)
-    shipped = {p.key: p for p in res.packages}
-
-    say("resolving the image's whole closure (the host's packages as real wheels)")
-    fixed = [f"{p.name}=={p.version}" for p in res.packages]
-    host_pins = [
-        f"{pkg.name}=={pkg.version}"
-        for key, pkg in sorted(host.packages.items())
-        if pkg.version and key not in shipped
-    ]
-    overridden = [pin for pin in host_pins if canonical_name(pin.split("==")[0]) in res.overrides]
-    constrained = [pin for pin in host_pins if pin not in overridden]
-    full = compiler.compile(
-        [root, *extra_requirements],
-        HostEnv({}, source="none"),
-        excludes=set(res.excluded),
-        constraints=[*fixed, *constrained],
-        override_pins=overridden,
-    )
-    priority = _tag_priority(target)
+    res = resolve(root, host, compiler, exclude=exclude, measure_excluded=not image, log=log)
+    shipped, full = {p.key: p for p in res.packages}, res.packages
+    if image:
+        log("resolving the image's whole closure (the host's packages as real wheels)")
+        fixed = [f"{p.name}=={p.version}" for p in res.packages]
+        host_pins = [
+            f"{pkg.name}=={pkg.version}"
+            for key, pkg in sorted(host.packages.items())
+            if pkg.version and key not in shipped
+        ]
+        kept = [p for p in host_pins if canonicalize_name(p.split("==")[0]) in res.overrides]
+        full = compiler.compile(
+            [root, *extra_requirements],
+            constraints=[*fixed, *(p for p in host_pins if p not in kept)],
+            overrides=kept,
+            excludes=sorted(res.excluded),
+        )
+    priority = tag_priority(target)
     packages, problems = [], []
     for pkg in sorted(full, key=lambda p: (p.key != res.root.key, p.key)):
         host_pkg = host.get(pkg.name)
@@ -168,28 +119,24 @@ def make_lock(
         else:
             origin = "image-only"
         wheel = choose_wheel(pkg, target, priority)
+        keys = ("filename", "url", "sha256")
         packages.append(
-            {
-                "name": pkg.name,
-                "version": pkg.version,
-                "origin": origin,
-                "filename": wheel.filename,
-                "url": wheel.url,
-                "sha256": wheel.sha256,
-                "bytes": wheel.size,
-            }
+            {"name": pkg.name, "version": pkg.version, "origin": origin}
+            | {k: getattr(wheel, k) for k in keys}
+            | {"bytes": wheel.size}
         )
-    missing = sorted(set(shipped) - {canonical_name(p["name"]) for p in packages})
+    missing = sorted(set(shipped) - {canonicalize_name(p["name"]) for p in packages})
     problems += [f"{name}: in the install set but not in the image's closure" for name in missing]
     if problems:
         raise InstallSetError(
             "the image's closure and the install set disagree:\n  " + "\n  ".join(problems)
         )
+    resolver = subprocess.run([uv, "--version"], capture_output=True, text=True).stdout.strip()
     return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
-        "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "vllm": dict(vllm),
+        "created": utc_text(),
+        "vllm": dict(vllm or {}),
         "root": root,
         "extra_requirements": list(extra_requirements),
         "cuda_variant": cuda_variant,
@@ -201,9 +148,15 @@ def make_lock(
         if freeze_file is None
         else {"freeze_file": str(freeze_file), "freeze_sha256": host.sha256, "packages": len(host)},
         "resolution": {
-            "resolver": "uv pip compile",
+            "resolver": resolver or "uv pip compile",
+            "uv_runs": res.rounds,
             "host_overrides": res.overrides,
+            "host_packages_used": [{"name": n, "version": v} for n, v in res.host_used],
             "excluded": [{"name": n, "reason": why} for n, why in res.excluded.items()],
+            "excluded_closure": [
+                {"name": p.name, "version": p.version, "bytes": p.size}
+                for p in res.excluded_closure
+            ],
             "exclude_newer": exclude_newer,
         },
         "packages": packages,
@@ -236,10 +189,6 @@ def read_lock(path: Path) -> dict[str, Any]:
     if not doc.get("packages"):
         raise InstallSetError(f"{path} locks no packages")
     return doc
-
-
-def lock_sha256(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def locked_packages(lock: Mapping[str, Any], origins: Sequence[str] = ORIGINS) -> list[Locked]:

@@ -1,10 +1,11 @@
-"""Running pip for another host, apart from this machine's own pip settings.
+"""Running pip apart from the machine's own pip settings (standard library only).
 
 This machine's pip configuration (a constraint file capping torch, find-links folders,
-extra local indexes) describes this machine, not the host the set is for. Every pip
+extra local indexes) describes this machine, not the host a set is for; on the host, a
+``PIP_CONSTRAINT`` or pip.conf would change what the installer installs. Every pip
 configuration file is skipped (``PIP_CONFIG_FILE`` set to the null device, pip's documented
 switch) and every ``PIP_*`` variable is dropped except those about reaching the network. The
-index is passed explicitly instead.
+index (or ``--no-index``) is always passed explicitly.
 """
 
 from __future__ import annotations
@@ -13,12 +14,10 @@ import os
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 
 from repro.installset import InstallSetError
 
-__all__ = ["DEFAULT_INDEX", "PipCommand", "pip_environment"]
+__all__ = ["DEFAULT_INDEX", "pip_environment", "run_pip"]
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 
@@ -46,31 +45,16 @@ def pip_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-@dataclass(frozen=True)
-class PipCommand:
-    """``PYTHON -m pip`` with an explicit index; ``python`` defaults to this interpreter."""
-
-    python: str = sys.executable
-    index_url: str = DEFAULT_INDEX
-    extra_index_urls: tuple[str, ...] = ()
-    find_links: tuple[str, ...] = ()
-
-    def index_args(self) -> list[str]:
-        args = ["--index-url", self.index_url]
-        for url in self.extra_index_urls:
-            args += ["--extra-index-url", url]
-        for link in self.find_links:
-            args += ["--find-links", link]
-        return args
-
-    def run(self, args: Sequence[str], *, what: str, cwd: Path | None = None) -> str:
-        """Run pip; on failure raise with pip's last lines."""
-        cmd = [self.python, "-m", "pip", *args]
-        proc = subprocess.run(
-            cmd, env=pip_environment(), cwd=cwd, capture_output=True, text=True, check=False
-        )
-        if proc.returncode != 0:
-            lines = (proc.stdout + proc.stderr).strip().splitlines()
-            tail = "\n".join(lines[-30:])
-            raise InstallSetError(f"pip failed while {what} (exit {proc.returncode}):\n{tail}")
-        return proc.stdout
+def run_pip(args: Sequence[str], *, what: str, python: str = sys.executable) -> str:
+    """``PYTHON -m pip ARGS`` in the neutral environment; on failure raise with pip's last lines."""
+    proc = subprocess.run(
+        [python, "-m", "pip", *args],
+        env=pip_environment(),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-30:])
+        raise InstallSetError(f"pip failed while {what} (exit {proc.returncode}):\n{tail}")
+    return proc.stdout

@@ -1,65 +1,50 @@
-"""The dependency closure of a requirement for another host, with the host's packages fixed.
+"""The closure of a requirement for another host, the host's own packages kept, resolved by uv.
 
 uv resolves (``uv pip compile``: backtracking, ``--python-platform`` so that environment
-markers are the host's, and a pylock file with every wheel's URL, size and sha256). pip
-cannot do this job alone: it evaluates markers with the interpreter it runs on, and it has
-no overrides.
+markers are the host's, and a PEP 751 lock listing every wheel's URL, size and sha256). pip
+cannot do this alone: it evaluates markers with the interpreter it runs on, and has no
+overrides.
 
-Host packages are *stubs*: an empty local wheel per package the host has, at the host's
-version with the local label ``+installset.host``, forced by a constraint. uv therefore never
-resolves the host's own dependency trees (torch's CUDA libraries are the host's business) and
-keeps what it picks compatible with the host's versions where it can (it backtracks a package
-that wants another numpy).
+Host packages are *stubs*: an empty wheel per package the host has, at the host's version
+with the local label ``+installset.host``. uv therefore never resolves the host's own
+dependency trees (torch's CUDA libraries are the host's business), and a stub in the lock
+says the closure uses that host package. Each stub is either a *constraint* (uv keeps what it
+picks compatible with the host's version where it can, backtracking a package that wants
+another numpy) or an *override* (the host's version whatever the closure asks: vLLM 0.26.0
+pins ``numba==0.65.0`` and ``setuptools<81``, the H200 host has 0.68.0 and 81.0.0). The set
+must never shadow a host package, so where constraints leave uv no answer, the fewest host
+packages the closure uses are overridden: found by uv's answers alone (exit status and
+lock), never by reading its messages, and recorded.
 
-Where it cannot, the set needs *override* semantics: vLLM 0.26.0 pins ``numba==0.65.0`` and
-``setuptools<81`` (the H200 host has 0.68.0 and 81.0.0) and its dependencies want
-``protobuf<7`` and ``numpy<2.4``. The host's package is used at the host's version
-whatever the requirement says (the set must never shadow the host's numba or numpy): when uv
-reports a conflict that names a stub, that host package moves from the constraints to the
-overrides and uv runs again. Every mismatch is recorded (see ``graph.target_walk``).
-
-``exclude`` removes packages from the resolution with everything only they need (uv's
-``--excludes``). For vLLM, ``VLLM_OPTIONAL`` names the optional GPU-kernel and codec libraries that
-``from vllm import LLM`` does not import (docs/measured.md, §GPU hosts: the H200 run worked without
-them). Their presence would change vLLM's backend choices, and they are most of the closure's size.
+``exclude`` removes packages and what only they need (uv's ``--excludes``). For vLLM,
+``VLLM_OPTIONAL`` names the optional GPU-kernel and codec libraries that ``from vllm import
+LLM`` does not import (docs/measured.md, §GPU hosts: the H200 run worked without them); they
+would change vLLM's backend choices, and they are most of the closure's size.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import tomllib
+from packaging import tags
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from repro.installset import InstallSetError
-from repro.installset.hostenv import HostEnv, canonical_name
+from repro.installset.host import HostEnv, Target
 from repro.installset.pipcmd import DEFAULT_INDEX
-from repro.installset.target import Target
-
-__all__ = [
-    "STUB_LABEL",
-    "VLLM_OPTIONAL",
-    "Locked",
-    "LockedWheel",
-    "Resolution",
-    "UvCompiler",
-    "UvConflict",
-    "conflict_names",
-    "find_uv",
-    "parse_pylock",
-    "resolve",
-    "stub_version",
-    "write_stub_wheel",
-]
 
 STUB_LABEL = "installset.host"
-
 _KERNEL = "optional GPU kernel library: `from vllm import LLM` does not import it"
 _CODEC = "optional video decoding for multimodal inputs"
 VLLM_OPTIONAL: Mapping[str, str] = {
@@ -77,12 +62,38 @@ VLLM_OPTIONAL: Mapping[str, str] = {
 }
 
 
-# --- stubs for the host's packages ----------------------------------------------------------
+@dataclass(frozen=True)
+class LockedWheel:
+    url: str
+    sha256: str
+    size: int | None
+
+    @property
+    def filename(self) -> str:
+        return unquote(urlsplit(self.url).path.rsplit("/", 1)[-1])
+
+
+@dataclass(frozen=True)
+class Locked:
+    """A package at the version uv chose, with the wheels of that version the host can run."""
+
+    name: str
+    version: str
+    wheels: tuple[LockedWheel, ...]
+
+    @property
+    def key(self) -> str:
+        return canonicalize_name(self.name)
+
+    @property
+    def size(self) -> int:
+        """The largest of its wheels (the one installed is one of them)."""
+        return max((w.size or 0 for w in self.wheels), default=0)
 
 
 def stub_version(version: str | None) -> str | None:
     """The stub's version: the host's, with the local label ``+installset.host`` added."""
-    if version is None or not re.fullmatch(r"[A-Za-z0-9.!+_-]+", version):
+    if not version:
         return None
     public, _, local = version.partition("+")
     return f"{public}+{local}.{STUB_LABEL}" if local else f"{public}+{STUB_LABEL}"
@@ -90,7 +101,7 @@ def stub_version(version: str | None) -> str | None:
 
 def write_stub_wheel(directory: Path, name: str, version: str) -> Path:
     """An empty, valid wheel standing for a package the host has (no files, no deps)."""
-    dist = canonical_name(name).replace("-", "_")
+    dist = canonicalize_name(name).replace("-", "_")
     info = f"{dist}-{version}.dist-info"
     files = {
         f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
@@ -105,64 +116,10 @@ def write_stub_wheel(directory: Path, name: str, version: str) -> Path:
     return path
 
 
-def is_stub(version: str) -> bool:
-    return version.endswith(STUB_LABEL)
-
-
-# --- the lock uv writes ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class LockedWheel:
-    url: str
-    sha256: str
-    size: int | None
-
-    @property
-    def filename(self) -> str:
-        from urllib.parse import unquote, urlsplit
-
-        return unquote(urlsplit(self.url).path.rsplit("/", 1)[-1])
-
-
-@dataclass(frozen=True)
-class Locked:
-    """A package at the version uv chose, with the wheels of that version the host can run."""
-
-    name: str
-    version: str
-    wheels: tuple[LockedWheel, ...]
-
-    @property
-    def key(self) -> str:
-        return canonical_name(self.name)
-
-    @property
-    def size(self) -> int:
-        """The largest of its wheels (the one pip downloads is one of them)."""
-        return max((w.size or 0 for w in self.wheels), default=0)
-
-    @property
-    def sha256s(self) -> set[str]:
-        return {w.sha256 for w in self.wheels}
-
-
 def parse_pylock(text: str) -> list[Locked]:
-    """The packages of a PEP 751 lock file, without the host stubs."""
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        try:
-            import tomli as tomllib  # type: ignore[no-redef]
-        except ModuleNotFoundError as exc:
-            raise InstallSetError(
-                "reading uv's lock file needs Python 3.11+ (tomllib) or `pip install tomli`"
-            ) from exc
-    doc = tomllib.loads(text)
+    """The packages of a PEP 751 lock file (host stubs included: their version says so)."""
     out = []
-    for pkg in doc.get("packages", []):
-        if is_stub(pkg.get("version", "")):
-            continue
+    for pkg in tomllib.loads(text).get("packages", []):
         wheels = tuple(
             LockedWheel(w["url"], w.get("hashes", {}).get("sha256", ""), w.get("size"))
             for w in pkg.get("wheels", [])
@@ -173,145 +130,121 @@ def parse_pylock(text: str) -> list[Locked]:
     return out
 
 
-# --- uv --------------------------------------------------------------------------------------
+# --- choosing one wheel, as pip does ------------------------------------------------------------
 
 
-class UvConflict(InstallSetError):
-    """uv found no solution; the message is uv's own explanation."""
+def tag_priority(target: Target) -> dict[tags.Tag, int]:
+    """Every tag the target runs, best first (packaging's order, as pip's)."""
+    version = tuple(int(x) for x in target.python_minor.split("."))
+    ordered = [*tags.cpython_tags(version, platforms=list(target.platforms))]
+    ordered += tags.compatible_tags(version, f"cp{version[0]}{version[1]}", target.platforms)
+    priority: dict[tags.Tag, int] = {}
+    for rank, tag in enumerate(ordered):
+        priority.setdefault(tag, rank)
+    return priority
+
+
+def choose_wheel(pkg: Locked, target: Target, priority: Mapping | None = None) -> LockedWheel:
+    """The wheel of ``pkg`` pip would install on ``target`` (its best-ranked tag)."""
+    priority = priority if priority is not None else tag_priority(target)
+    ranked = []
+    for wheel in pkg.wheels:
+        ranks = [priority[t] for t in parse_wheel_filename(wheel.filename)[3] if t in priority]
+        if ranks:
+            ranked.append((min(ranks), wheel.filename, wheel))
+    if not ranked:
+        listed = ", ".join(w.filename for w in pkg.wheels)
+        raise InstallSetError(
+            f"{pkg.name} {pkg.version}: no wheel fits Python {target.python} on "
+            f"{target.platforms[0]} (the index lists {listed})"
+        )
+    return min(ranked)[2]
+
+
+# --- uv -----------------------------------------------------------------------------------------
+
+
+class UvFailed(InstallSetError):
+    """uv gave no lock; the message is uv's own explanation."""
 
 
 def find_uv(explicit: str | None = None) -> str:
     """``--uv PATH``, else ``uv`` on PATH, else the ``uv`` Python package's binary."""
-    if explicit:
+    if explicit or (explicit := shutil.which("uv")):
         return explicit
-    found = shutil.which("uv")
-    if found:
-        return found
     try:
         import uv  # type: ignore[import-not-found]
 
         return uv.find_uv_bin()
     except (ImportError, FileNotFoundError):
-        pass
-    raise InstallSetError(
-        "the build resolves with uv, which is not installed here: "
-        f"`{sys.executable} -m pip install uv` (or pass --uv PATH)"
-    )
-
-
-# uv settings kept from the environment: how to reach the network and where to cache.
-_KEEP_UV = {"UV_CACHE_DIR", "UV_HTTP_TIMEOUT", "UV_NATIVE_TLS", "UV_CONCURRENT_DOWNLOADS"}
-
-
-def uv_environment() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("UV_") or k in _KEEP_UV}
-    env["UV_PYTHON_DOWNLOADS"] = "never"
-    env["NO_COLOR"] = "1"
-    return env
+        raise InstallSetError(
+            "the build resolves with uv, which is not installed here: "
+            f"`{sys.executable} -m pip install uv` (or pass --uv PATH)"
+        ) from None
 
 
 def uv_platform(target: Target) -> str:
     """uv's ``--python-platform`` for the target's first (newest) tag."""
     tag = target.platforms[0]
-    if match := re.fullmatch(r"manylinux_(\d+)_(\d+)_(\w+)", tag):
-        return f"{match[3]}-manylinux_{match[1]}_{match[2]}"
-    if match := re.fullmatch(r"manylinux(2014|2010|1)_(\w+)", tag):
-        return f"{match[2]}-manylinux2014"
+    if tag.startswith("manylinux_"):
+        return f"{target.machine}-{tag[: -len(target.machine) - 1]}"
+    if tag.startswith("manylinux"):
+        return f"{target.machine}-manylinux2014"
     return f"{target.machine}-unknown-linux-gnu"
 
 
 @dataclass
 class UvCompiler:
-    """``uv pip compile`` for the target, the host's packages as stubs."""
+    """``uv pip compile`` for the target, into a PEP 751 lock."""
 
     target: Target
     uv: str = ""
     index_url: str = DEFAULT_INDEX
     extra_index_urls: tuple[str, ...] = ()
-    find_links: tuple[str, ...] = ()
     exclude_newer: str | None = None
     calls: int = 0
 
     def compile(
         self,
         requirements: Sequence[str],
-        host: HostEnv,
         *,
-        overrides: set[str] = frozenset(),  # type: ignore[assignment]
-        excludes: set[str] = frozenset(),  # type: ignore[assignment]
         constraints: Sequence[str] = (),
-        override_pins: Sequence[str] = (),
+        overrides: Sequence[str] = (),
+        excludes: Sequence[str] = (),
+        find_links: Sequence[str] = (),
     ) -> list[Locked]:
-        """``constraints`` and ``override_pins``: extra ``name==version`` lines for real
-        packages (not stubs), as constraints and as overrides."""
         self.calls += 1
-        uv = self.uv or find_uv()
         with tempfile.TemporaryDirectory(prefix="installset-uv-") as tmp:
             work = Path(tmp)
-            stubs = work / "stubs"
-            stubs.mkdir()
-            constrained, overridden = list(constraints), list(override_pins)
-            for key, pkg in sorted(host.packages.items()):
-                version = stub_version(pkg.version)
-                if version is None:
-                    continue  # a direct reference: uv sees the real package
-                write_stub_wheel(stubs, pkg.name, version)
-                (overridden if key in overrides else constrained).append(f"{pkg.name}=={version}")
-            files = {
-                "requirements.in": list(requirements),
-                "constraints.txt": constrained,
-                "overrides.txt": overridden,
-                "excludes.txt": sorted(excludes),
-            }
-            for name, lines in files.items():
-                (work / name).write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
-            cmd = [uv, "pip", "compile", "--no-config", "--no-python-downloads", "--quiet"]
-            cmd += ["--python-version", self.target.python]
+            cmd = [self.uv or find_uv(), "pip", "compile", "--no-config", "--quiet"]
+            cmd += ["--no-python-downloads", "--python-version", self.target.python]
             cmd += ["--python-platform", uv_platform(self.target), "--only-binary", ":all:"]
-            cmd += ["--index-url", self.index_url]
-            for url in self.extra_index_urls:
-                cmd += ["--extra-index-url", url]
-            for link in [*self.find_links, str(stubs)]:
-                cmd += ["--find-links", link]
-            cmd += ["--constraint", str(work / "constraints.txt")]
-            if overridden:
-                cmd += ["--overrides", str(work / "overrides.txt")]
-            if excludes:
-                cmd += ["--excludes", str(work / "excludes.txt")]
+            cmd += ["--index-url", self.index_url, "--format", "pylock.toml"]
+            cmd += [f"--extra-index-url={url}" for url in self.extra_index_urls]
+            cmd += [f"--find-links={link}" for link in find_links]
             if self.exclude_newer:
                 cmd += ["--exclude-newer", self.exclude_newer]
-            cmd += ["--format", "pylock.toml", "--output-file", str(work / "pylock.toml")]
-            cmd += [str(work / "requirements.in")]
-            proc = subprocess.run(
-                cmd, env=uv_environment(), capture_output=True, text=True, check=False
-            )
+            for option, lines in [
+                ("--constraint", constraints),
+                ("--overrides", overrides),
+                ("--excludes", excludes),
+                (None, requirements),
+            ]:
+                path = work / f"{option or 'requirements'}.txt".lstrip("-")
+                path.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+                cmd += [option, str(path)] if option else [str(path)]
+            cmd += ["--output-file", str(work / "pylock.toml")]
+            # uv settings kept from the environment: how to reach the network, where to cache.
+            keep = {"UV_CACHE_DIR", "UV_HTTP_TIMEOUT", "UV_NATIVE_TLS", "UV_CONCURRENT_DOWNLOADS"}
+            env = {k: v for k, v in os.environ.items() if not k.startswith("UV_") or k in keep}
+            env["NO_COLOR"] = "1"
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
             if proc.returncode != 0:
-                message = (proc.stderr or proc.stdout).strip()
-                if "No solution found" in message:
-                    raise UvConflict(message)
-                raise InstallSetError(f"uv pip compile failed (exit {proc.returncode}):\n{message}")
+                raise UvFailed((proc.stderr or proc.stdout).strip())
             return parse_pylock((work / "pylock.toml").read_text(encoding="utf-8"))
 
 
-_STUB_PIN = re.compile(
-    r"([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==[^\s,;]*\+[^\s,;]*" + re.escape(STUB_LABEL)
-)
-_ANY_PIN = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*(?:===?|>=|<=|!=|~=|<|>)")
-
-
-def conflict_names(message: str, host: HostEnv) -> set[str]:
-    """The host packages (canonical names) a uv conflict report holds against the stubs.
-
-    First the stubs named with their pinned version (``numba==0.68.0+installset.host``);
-    if uv phrased it otherwise, every host package the report names with a specifier.
-    """
-    named = {canonical_name(m) for m in _STUB_PIN.findall(message)}
-    if not named:
-        named = {canonical_name(m) for m in _ANY_PIN.findall(message)}
-    return {n for n in named if n in host.packages}
-
-
-# --- the resolution --------------------------------------------------------------------------
+# --- the resolution -----------------------------------------------------------------------------
 
 
 @dataclass
@@ -320,14 +253,33 @@ class Resolution:
 
     root: Locked
     packages: list[Locked]  # the root first, then by name; no host package
-    overrides: list[str] = field(default_factory=list)  # host packages that needed overriding
+    host_used: list[tuple[str, str]] = field(default_factory=list)  # (name, host version)
+    overrides: list[str] = field(default_factory=list)  # host packages kept against the closure
     excluded: dict[str, str] = field(default_factory=dict)  # name -> reason
     excluded_closure: list[Locked] = field(default_factory=list)  # what the exclusions saved
-    rounds: int = 0  # uv runs, the measuring one included
+    rounds: int = 0  # uv runs
 
     @property
     def wheel_bytes(self) -> int:
         return sum(p.size for p in self.packages)
+
+
+def fewest(candidates: Sequence[str], solves: Callable[[list[str]], bool]) -> list[str]:
+    """A subset of ``candidates`` that ``solves`` and from which no single member can be left
+    out (delta debugging: leave out whole chunks first, halve the chunks when none can go)."""
+    keep, chunks = list(candidates), 2
+    while keep:
+        size = -(-len(keep) // chunks)
+        for start in range(0, len(keep), size):
+            trial = keep[:start] + keep[start + size :]
+            if solves(trial):
+                keep, chunks = trial, max(chunks - 1, 2)
+                break
+        else:
+            if size == 1:
+                break
+            chunks = min(len(keep), chunks * 2)
+    return keep
 
 
 def resolve(
@@ -337,55 +289,70 @@ def resolve(
     *,
     exclude: Mapping[str, str] | None = None,
     measure_excluded: bool = True,
-    max_rounds: int = 30,
-    log=None,
+    log: Callable[[str], None] = lambda _msg: None,
 ) -> Resolution:
     """Resolve ``root`` for the compiler's target; see the module docstring."""
-    say = log or (lambda _msg: None)
-    root_name = canonical_name(re.split(r"[\[<>=!~;@ ]", root.strip(), maxsplit=1)[0])
-    if root_name in host.packages:
-        raise InstallSetError(f"the host already has {root_name}; there is nothing to ship")
-    excludes = {canonical_name(n): why for n, why in (exclude or {}).items()}
-    overrides: set[str] = set()
+    root_key = canonicalize_name(Requirement(root).name)
+    if root_key in host.packages:
+        raise InstallSetError(f"the host already has {root_key}; there is nothing to ship")
+    excludes = {canonicalize_name(n): why for n, why in (exclude or {}).items()}
+    answers: dict[tuple[frozenset[str], bool], list[Locked] | None] = {}
+    failures: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="installset-stubs-") as stubs:
+        pins = {}
+        for key, pkg in sorted(host.packages.items()):
+            if version := stub_version(pkg.version):  # a direct reference: uv sees the real one
+                write_stub_wheel(Path(stubs), pkg.name, version)
+                pins[key] = f"{pkg.name}=={version}"
 
-    def run(excl: set[str], overrides: set[str]) -> list[Locked]:
-        for round_no in range(1, max_rounds + 1):
-            try:
-                locked = compiler.compile([root], host, overrides=overrides, excludes=excl)
-            except UvConflict as exc:
-                names = conflict_names(str(exc), host) - overrides
-                if not names:
-                    raise InstallSetError(
-                        f"no solution for {root} on this host, and the conflict names no host "
-                        f"package to override:\n{exc}"
-                    ) from exc
-                say(
-                    f"round {round_no}: keeping the host's {', '.join(sorted(names))} "
-                    "against what the closure asks (recorded)"
+        def attempt(overridden: Sequence[str], excluding: bool = True) -> list[Locked] | None:
+            key = (frozenset(overridden), excluding)
+            if key not in answers:
+                try:
+                    answers[key] = compiler.compile(
+                        [root],
+                        constraints=[pin for k, pin in pins.items() if k not in key[0]],
+                        overrides=[pins[k] for k in sorted(key[0])],
+                        excludes=sorted(excludes) if excluding else (),
+                        find_links=[stubs],
+                    )
+                except UvFailed as exc:
+                    answers[key], failures[:] = None, [str(exc)]
+            return answers[key]
+
+        log(f"resolving {root} with uv, the host's {len(pins)} packages kept")
+        overrides: list[str] = []
+        locked = attempt(())
+        if locked is None:
+            everything = attempt(list(pins))
+            if everything is None:
+                raise InstallSetError(
+                    f"no solution for {root} on this host, even with every host package kept "
+                    f"at the host's version; uv says:\n{failures[0]}"
                 )
-                overrides.update(names)
-                continue
-            return locked
-        raise InstallSetError(f"the resolution did not settle in {max_rounds} rounds")
-
-    say(f"resolving {root} with uv, host packages fixed")
-    locked = run(set(excludes), overrides)
-    by_key = {p.key: p for p in locked}
-    if root_name not in by_key:
-        raise InstallSetError(f"uv's lock does not contain {root_name}")
-    packages = [by_key[root_name]] + sorted(
-        (p for p in locked if p.key != root_name), key=lambda p: p.key
-    )
-    saved: list[Locked] = []
-    if excludes and measure_excluded:
-        say("measuring the full closure (what the exclusions leave out)")
-        full = run(set(), set(overrides))
-        saved = sorted((p for p in full if p.key not in by_key), key=lambda p: p.key)
+            used = sorted(p.key for p in everything if p.version.endswith(STUB_LABEL))
+            log(f"the host's versions conflict with the closure; finding which of {len(used)}")
+            overrides = fewest(used, lambda trial: attempt(trial) is not None)
+            log(f"kept at the host's version against the closure: {', '.join(overrides)}")
+            locked = attempt(overrides)
+        assert locked is not None  # `fewest` returns only answers uv solved
+        saved: list[Locked] = []
+        if excludes and measure_excluded:
+            log("measuring the full closure (what the exclusions leave out)")
+            full = attempt(overrides, excluding=False) or []
+            kept = {p.key for p in locked}
+            saved = sorted((p for p in full if p.key not in kept), key=lambda p: p.key)
+    by_key = {p.key: p for p in locked if not p.version.endswith(STUB_LABEL)}
+    if root_key not in by_key:
+        raise InstallSetError(f"uv's lock does not contain {root_key}")
+    packages = [by_key.pop(root_key)] + [by_key[k] for k in sorted(by_key)]
+    host_used = [(p.key, host.packages[p.key].version or "") for p in locked if p.key in pins]
     return Resolution(
         root=packages[0],
         packages=packages,
+        host_used=sorted(host_used),
         overrides=sorted(overrides),
         excluded=dict(sorted(excludes.items())),
-        excluded_closure=saved,
+        excluded_closure=[p for p in saved if not p.version.endswith(STUB_LABEL)],
         rounds=compiler.calls,
     )

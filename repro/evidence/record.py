@@ -2,7 +2,7 @@
 
 The document's shape is fixed by `schemas/run-artifact.v1.schema.json`; this module only
 fills it. Figures are recorded so that `repro.grading` can re-derive the verdict from the
-document alone (`waves_from_document`).
+document alone (`repro.evidence.verdicts.regrade`).
 """
 
 from __future__ import annotations
@@ -199,87 +199,6 @@ def _answers(request: grading.RequestResult) -> dict[str, str]:
         "apc_answer": request.apc_answer or "",
         "control_answer": request.control_answer or "",
     }
-
-
-def waves_from_document(doc: dict[str, Any]) -> tuple[list[grading.Wave], list[float]]:
-    """The graded inputs as recorded: lets anyone re-derive a verdict from an artifact."""
-    waves, noise = [], []
-    for fig in doc["figures"]["waves"]:
-        extra = fig.get("extra") or {}
-        noise.extend(extra.get("benign_noise", []))
-        waves.append(
-            grading.Wave(
-                name=fig["name"],
-                requests=tuple(
-                    grading.RequestResult(
-                        index=r["index"],
-                        num_cached_tokens=r["num_cached_tokens"],
-                        divergence=r["divergence"],
-                        apc_miss=r["apc_miss"],
-                        control_miss=r["control_miss"],
-                        code=r.get("code"),
-                        apc_answer=r.get("apc_answer"),
-                        control_answer=r.get("control_answer"),
-                    )
-                    for r in fig["per_request"]
-                ),
-                apc_distinct_outputs=fig["apc"]["distinct_outputs"],
-                control_distinct_outputs=fig["control"]["distinct_outputs"],
-                graded=extra.get("graded", True),
-                distinct_rule=extra.get("distinct_rule", False),
-            )
-        )
-    return waves, noise
-
-
-def regrade(doc: dict[str, Any], *, as_recorded: bool = False) -> grading.Verdict:
-    """Re-derive an artifact's verdict from its recorded figures and counters.
-
-    With the current rules by default: every gate this kit has applies, whatever the artifact
-    says, so an artifact cannot switch a gate off by leaving it out. ``as_recorded`` grades
-    with the gates the artifact records instead (an artifact from before
-    ``signal.control_spread_gate`` existed re-grades without it): how it was graded then,
-    never what `verify` accepts."""
-    waves, noise = waves_from_document(doc)
-    apc = doc["counters"]["apc"]
-    graded_waves = [w.name for w in waves]
-    live = doc["figures"].get("liveness")
-    # Artifacts from before the rules were recorded were graded by the kit's own.
-    rules = (doc.get("signal") or {}).get("rules") or grading.RULES_KIT
-    # Upstream reads drafts after the liveness probe's long decode: every APC counter entry.
-    draft_runs = list(apc) if rules == grading.RULES_UPSTREAM else graded_waves
-    return grading.grade(
-        signal=doc["signal"]["kind"],
-        waves=waves,
-        engagement=grading.Engagement(
-            prefix_cache_queries=sum(apc[w]["prefix_cache_queries"] for w in graded_waves),
-            prefix_cache_hits=sum(apc[w]["prefix_cache_hits"] for w in graded_waves),
-            spec_decode_num_drafts=sum(apc[w]["spec_decode_num_drafts"] for w in draft_runs),
-            cached_prompt_tokens=sum(
-                r["num_cached_tokens"] or 0
-                for fig in doc["figures"]["waves"]
-                for r in fig["per_request"]
-            ),
-        ),
-        liveness=(
-            grading.Liveness(
-                live["prompt_tokens"],
-                live["hits"],
-                live["queries"],
-                live.get("cached_tokens", 0),
-            )
-            if live
-            else None
-        ),
-        extra_noise=noise,
-        control_spread_gate=(
-            bool((doc.get("signal") or {}).get("control_spread_gate"))
-            if as_recorded
-            else grading.CONTROL_SPREAD_GATE
-        ),
-        rules=rules,
-        require_hits=grading.requires_hits(doc["arm"], rules),
-    )
 
 
 def _weights_revision(profile) -> str | None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from repro import __version__
-from repro.runset import ARM_ORDER, Run
+from repro.evidence.runs import ARM_ORDER, Run
 
 ARM_TITLES = {"cold-race": "Cold-race", "multi-turn": "Multi-turn"}
 MARK = {"corrupted": "🔴", "clean": "✅", "inconclusive": "⚠️", "error": "❌"}
@@ -430,7 +430,7 @@ def matrix_table(rows: dict[str, dict[str, list[dict[str, Any]]]]) -> list[str]:
 
 
 def render(runs: list[Run]) -> str:
-    """The whole report for ``runs`` (run directories or bundles, see `repro.runset`)."""
+    """The whole report for ``runs`` (run directories or bundles, see `repro.evidence.runs`)."""
     lines = [
         "## Hybrid-Mamba prefix-cache corruption: repro-kit results",
         "",

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from repro import report
-from repro.runset import EvidenceError, Run, load
+from repro.evidence import report
+from repro.evidence.runs import EvidenceError, Run
+from repro.evidence.verify import load_runs
 
 # Environment entries that differ by construction (the run's own context, this checkout).
 _UNCOMPARED_ENV = frozenset({"REPRO_RUN_CONTEXT", "REPRO_KIT_CHECKOUT"})
@@ -32,7 +33,7 @@ class Comparison:
 
 
 def load_one(path: Path) -> Run:
-    runs = load([path])
+    runs = load_runs([path])
     if len(runs) != 1:
         labels = ", ".join(r.label for r in runs)
         raise EvidenceError(

@@ -4,7 +4,8 @@ A run directory is what `python -m repro run` (or `repro-tiny`) writes: one arti
 (`cold-race.json`, `multi-turn.json`), `logs/`, and, where there is one, the image's records
 (`image-record.json` from a build, `image-import.json` from `import-image`) and the weights
 manifest (`repro-weights-manifest.json`). A bundle holds the same files under
-`runs/<label>/`; it is verified in full (`repro.bundle_verify`) before anything in it is read.
+`runs/<label>/`; it is verified in full (`repro.evidence.verify.load_runs`) before anything in
+it is read.
 
 Every artifact is validated against its schema on the way in: reports and comparisons are
 made from valid evidence only.
@@ -57,32 +58,6 @@ class Run:
         return next(iter(self.documents.values()))
 
 
-def is_bundle(path: Path) -> bool:
-    return path.is_file() and path.name.endswith(BUNDLE_SUFFIXES)
-
-
-def load(paths: list[Path]) -> list[Run]:
-    """Runs from run directories and bundles, in the order given."""
-    runs: list[Run] = []
-    for path in paths:
-        if path.is_dir():
-            runs.append(load_run_dir(path))
-        elif is_bundle(path):
-            runs.extend(load_bundle(path))
-        elif path.exists():
-            raise EvidenceError(
-                f"{path}: expected a run directory or a bundle (*.tar.gz), found a file of "
-                "another kind"
-            )
-        else:
-            raise EvidenceError(f"{path}: no such run directory or bundle")
-    labels = [r.label for r in runs]
-    for run in runs:  # several inputs may carry the same label: tell them apart in tables
-        if labels.count(run.label) > 1:
-            run.label = f"{run.label} ({run.source})"
-    return runs
-
-
 def load_run_dir(path: Path) -> Run:
     documents: dict[str, dict[str, Any]] = {}
     names: dict[str, str] = {}
@@ -124,19 +99,6 @@ def load_run_dir(path: Path) -> Run:
         weights_manifest=records.get("weights-manifest"),
         artifact_names=names,
     )
-
-
-def load_bundle(path: Path) -> list[Run]:
-    from repro import bundle_verify
-
-    result = bundle_verify.verify_bundle(path)
-    if not result.ok:
-        problems = "\n".join(f"  - {p}" for p in result.problems)
-        raise EvidenceError(
-            f"{path}: the bundle does not verify, so nothing in it is used:\n{problems}\n"
-            f"Ask its sender for an intact copy (`python -m repro verify {path}` shows the checks)."
-        )
-    return runs_from_files(result.manifest, result.contents, source=str(path))
 
 
 def runs_from_files(
@@ -222,9 +184,6 @@ __all__ = [
     "ARM_ORDER",
     "EvidenceError",
     "Run",
-    "is_bundle",
-    "load",
-    "load_bundle",
     "load_run_dir",
     "order_arms",
     "parse_json",

@@ -5,7 +5,7 @@
     MANIFEST.json                     every other file: path, kind, bytes, sha256 (schema:
                                       schemas/bundle-manifest.v1.schema.json), creation time,
                                       kit version, the runs
-    SUMMARY.md                        the report (`repro.report`) of the runs, as pasted
+    SUMMARY.md                        the report (`repro.evidence.report`) of the runs, as pasted
     runs/<label>/<arm>.json           the run artifacts, byte for byte as the run wrote them
     runs/<label>/logs/<name>          the full logs
     runs/<label>/log-excerpts/<name>  a short view of each log: its first and last 4 KiB
@@ -26,7 +26,7 @@ uncompressed tar, which does not depend on it.
 
 Inputs are checked before anything is written: every artifact must be schema-valid, every log
 an artifact records must be present with the sha256 it recorded, and every recorded verdict
-must follow from its figures (`repro.verdict_check`). Output files are written atomically.
+must follow from its figures (`repro.evidence.verdicts`). Output files are written atomically.
 """
 
 from __future__ import annotations
@@ -35,17 +35,19 @@ import hashlib
 import json
 import os
 import re
-import tarfile
-import zlib
-from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from repro import __version__, redaction
+from repro.artifact import schema_violations
 from repro.atomicio import write_bytes_atomic, write_text_atomic
-from repro.runset import (
+from repro.clock import utc_text
+from repro.containers.handoff import DEFAULT_IMAGES_DIR, find_image_record
+from repro.evidence.archive import gzip_bytes, tar_bytes
+from repro.evidence.report import render
+from repro.evidence.runs import (
     IMAGE_IMPORT_NAME,
     IMAGE_RECORD_NAME,
     WEIGHTS_MANIFEST_NAME,
@@ -54,18 +56,15 @@ from repro.runset import (
     load_run_dir,
     parse_json,
 )
+from repro.evidence.verdicts import check_verdict
 
 MANIFEST_NAME = "MANIFEST.json"
 SUMMARY_NAME = "SUMMARY.md"
 # The short view of a log: enough for the engine banner and the verdict lines at the end.
 EXCERPT_HEAD_BYTES = 4096
 EXCERPT_TAIL_BYTES = 4096
-MEMBER_MODE = 0o644
 # Members must be plain names the manifest schema accepts (no spaces, no '..').
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
-_DEFAULT_IMAGES_DIR = Path(__file__).resolve().parent.parent / "artifacts" / "images"
-# gzip header: magic, deflate, no flags, mtime 0, XFL 2 (best compression), OS 255 (unknown).
-GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff"
 
 
 @dataclass(frozen=True)
@@ -81,47 +80,6 @@ class BundleResult:
     sha256: str
     bytes: int
     manifest: dict[str, Any]
-
-
-# --- deterministic archive bytes -----------------------------------------------------------
-
-
-def tar_bytes(files: dict[str, bytes], mtime: int) -> bytes:
-    """The uncompressed tar of ``files`` (path -> bytes): sorted, fixed metadata, no dirs."""
-    return b"".join(tar_chunks(files, mtime))
-
-
-def tar_chunks(files: dict[str, bytes], mtime: int) -> Iterator[bytes]:
-    """`tar_bytes` piece by piece (header, data, padding, ..., end blocks), as tarfile writes
-    them: `repro verify` compares a received tar with this without a second copy in memory."""
-    size = 0
-    for path in sorted(files):
-        data = files[path]
-        info = tarfile.TarInfo(path)
-        info.size = len(data)
-        info.mtime = mtime
-        info.mode = MEMBER_MODE
-        info.uid = info.gid = 0
-        info.uname = info.gname = ""
-        info.type = tarfile.REGTYPE
-        header = info.tobuf(tarfile.PAX_FORMAT, tarfile.ENCODING, "surrogateescape")
-        padding = -len(data) % tarfile.BLOCKSIZE
-        yield header
-        yield data
-        yield bytes(padding)
-        size += len(header) + len(data) + padding
-    size += 2 * tarfile.BLOCKSIZE
-    yield bytes(2 * tarfile.BLOCKSIZE + (-size % tarfile.RECORDSIZE))
-
-
-def gzip_bytes(data: bytes) -> bytes:
-    """One gzip member with a fixed header (mtime 0, no name) around ``data``."""
-    deflate = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
-    body = deflate.compress(data) + deflate.flush()
-    trailer = (zlib.crc32(data) & 0xFFFFFFFF).to_bytes(4, "little") + (
-        len(data) & 0xFFFFFFFF
-    ).to_bytes(4, "little")
-    return GZIP_HEADER + body + trailer
 
 
 def log_excerpt(data: bytes) -> bytes:
@@ -154,27 +112,22 @@ def parse_timestamp(text: str) -> datetime:
     return value
 
 
-def format_timestamp(value: datetime) -> str:
-    return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def resolve_created(
     runs: list[Run], created: str | None = None, environ: dict[str, str] | None = None
 ) -> tuple[str, str]:
     """(created, where it came from): --created, else SOURCE_DATE_EPOCH, else the inputs."""
     environ = os.environ if environ is None else environ
     if created:
-        return format_timestamp(parse_timestamp(created)), "--created"
+        return utc_text(parse_timestamp(created)), "--created"
     epoch = environ.get("SOURCE_DATE_EPOCH")
     if epoch:
         if not epoch.isdigit():
             raise EvidenceError(f"SOURCE_DATE_EPOCH must be whole seconds, found {epoch!r}")
-        stamp = datetime.fromtimestamp(int(epoch), tz=timezone.utc)
-        return format_timestamp(stamp), "SOURCE_DATE_EPOCH"
+        return utc_text(int(epoch)), "SOURCE_DATE_EPOCH"
     newest = max(
         parse_timestamp(doc["run"]["finished_at"]) for run in runs for doc in run.documents.values()
     )
-    return format_timestamp(newest), "newest-artifact"
+    return utc_text(newest), "newest-artifact"
 
 
 # --- collecting a run's files --------------------------------------------------------------
@@ -200,8 +153,6 @@ def _safe_name(name: str, where: Path) -> str:
 
 def collect_run(run_dir: Path, label: str, images_dir: Path | None) -> tuple[Run, list[Member]]:
     """Everything of one run directory that goes into the bundle, checked."""
-    from repro.verdict_check import check_verdict
-
     run = load_run_dir(run_dir)
     run.label = label
     prefix = f"runs/{label}/"
@@ -263,7 +214,7 @@ def collect_run(run_dir: Path, label: str, images_dir: Path | None) -> tuple[Run
         present = (run_dir / name).is_file() or (run_dir / name).is_symlink()
         data = _regular_file(run_dir / name) if present else None  # never through a link
         if data is None and image_ids:
-            data = _find_image_file(images_dir, schema_tag, image_ids)
+            data = find_image_record(images_dir, schema_tag, image_ids)
         if data is not None:
             setattr(run, attr, parse_json(data, f"{run_dir}/{name}", kind))
             members.append(Member(prefix + name, kind, data))
@@ -277,24 +228,6 @@ def collect_run(run_dir: Path, label: str, images_dir: Path | None) -> tuple[Run
         run.weights_manifest = parse_json(data, str(weights), "weights-manifest")
         members.append(Member(prefix + WEIGHTS_MANIFEST_NAME, "weights-manifest", data))
     return run, members
-
-
-def _find_image_file(images_dir: Path | None, schema_tag: str, ids: set[str]) -> bytes | None:
-    """A record of one of ``ids`` in the images folder (build-image / import-image write it)."""
-    if images_dir is None or not images_dir.is_dir():
-        return None
-    for file in sorted(images_dir.glob("*.json")):
-        if file.is_symlink():
-            continue  # a record is a file the kit wrote here, never a link to one elsewhere
-        try:
-            data = file.read_bytes()
-            doc = json.loads(data)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            continue
-        if isinstance(doc, dict) and doc.get("schema") == schema_tag:
-            if (doc.get("image") or {}).get("id") in ids:
-                return data
-    return None
 
 
 def unique_labels(run_dirs: list[Path]) -> list[str]:
@@ -317,13 +250,10 @@ def build_bundle(
     out: Path,
     *,
     created: str | None = None,
-    images_dir: Path | None = _DEFAULT_IMAGES_DIR,
+    images_dir: Path | None = DEFAULT_IMAGES_DIR,
     environ: dict[str, str] | None = None,
 ) -> BundleResult:
     """Write the bundle of ``run_dirs`` to ``out`` (and ``out``.sha256), atomically."""
-    from repro.artifact import schema_violations
-    from repro.report import render
-
     if not run_dirs:
         raise EvidenceError("no run directories given; name at least one")
     if not out.name.endswith((".tar.gz", ".tgz")):
@@ -390,9 +320,7 @@ __all__ = [
     "BundleResult",
     "build_bundle",
     "collect_run",
-    "gzip_bytes",
     "log_excerpt",
     "resolve_created",
-    "tar_bytes",
     "unique_labels",
 ]
