@@ -29,6 +29,7 @@ nox -s lint                    ruff
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import nox
@@ -125,21 +126,27 @@ def tests(session: nox.Session) -> None:
     _engine_pytest(session, [], session.posargs or ["-ra", *PARALLEL, "--durations=10", "tests"])
 
 
+def _extras(*names: str) -> list[str]:
+    """The requirements of pyproject's extras: the engine environment holds the kit already
+    (non-editable, shadowed by PYTHONPATH), so only what the extras add goes in."""
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    return [req for name in names for req in extras[name]]
+
+
 def _engine_pytest(session: nox.Session, engine_args: list[str], pytest_args: list[str]) -> None:
     """pytest with the python of an engine environment (made on first use)."""
     engine_python = session.run("python", "-m", "repro", "engine-env", *engine_args, silent=True)
     engine_python = engine_python.strip().splitlines()[-1]
     session.run(
-        # uv: the install-set and CUDA-lock tests resolve with it (the `installset` extra).
+        # uv (the `installset` extra): the install-set and CUDA-lock tests resolve with it.
         engine_python,
         "-m",
         "pip",
         "install",
         "--quiet",
-        "pytest",
-        "pytest-xdist",
-        "hypothesis",
-        "uv>=0.13",
+        *_extras("test", "installset"),
         external=True,
     )
     session.run(
