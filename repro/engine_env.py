@@ -23,6 +23,7 @@ so patching the clone never touches the unpatched environment.
 from __future__ import annotations
 
 import email.parser
+import fcntl
 import hashlib
 import json
 import os
@@ -32,6 +33,8 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from repro import patching
@@ -109,6 +112,22 @@ def ensure_engine_env(
     for patch in patch_files:
         patching.check_python_only(patch)
     path = env_dir(version, patch_files)
+    with _one_maker(path):
+        return _ensure(path, version, patch_files, kit_source=kit_source, log=log)
+
+
+@contextmanager
+def _one_maker(path: Path) -> Iterator[None]:
+    """Held while an environment is checked and made. Two processes that want the same one at
+    once (two pytest-xdist workers, two matrix cells of one release) would otherwise each take
+    the other's half-made environment for an interrupted one and delete it under it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def _ensure(path: Path, version: str, patch_files: list[Path], *, kit_source: Path, log) -> Path:
     marker = path / MARKER
     if marker.is_file():
         recorded = json.loads(marker.read_text())

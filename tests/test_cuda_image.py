@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from repro.atomicio import sha256_file
 from repro.containers import cuda
 from repro.containers.refs import InvalidRef
 from repro.errors import PatchError
@@ -426,7 +427,7 @@ def test_the_plan_resolves_the_pins_made_here(docker_client, monkeypatch):
             "io.repro-kit.variant": "cuda",
             "io.repro-kit.vllm.ref": "0.26.0",
             "io.repro-kit.cuda.variant": "cu130",
-            "io.repro-kit.lock.sha256": lockmod.lock_sha256(LOCK_026),
+            "io.repro-kit.lock.sha256": sha256_file(LOCK_026),
             "io.repro-kit.patches": "none",
             "org.opencontainers.image.revision": OTHER_SHA,
             "io.repro-kit.dirty": "false",

