@@ -26,6 +26,7 @@ from repro.evidence.verdicts import check_verdict
 from repro.evidence.verify import load_runs
 
 FIXTURES = Path(__file__).parent / "fixtures" / "runs"
+EXAMPLES = Path(__file__).parent.parent / "artifacts" / "examples"
 CLEAN = load_run_dir(FIXTURES / "clean")
 FAULT = load_run_dir(FIXTURES / "fault")
 
@@ -482,3 +483,23 @@ def test_engaged_and_corrupted_outcomes_under_upstream_rules():
     assert report.matrix_cell(clean, cured=False).startswith("✅ clean, engaged (hit ratio")
     fault = under_upstream_rules(FAULT.documents["cold-race"])
     assert fault["verdict"]["outcome"] == "corrupted"
+
+
+def test_the_results_table_shows_the_figures_engagement_was_graded_on(monkeypatch, capsys):
+    """The end-of-run table's hits, queries and drafts are the ones the verdict's reason names
+    (a cold-race run with a liveness probe and its baseline: H200, vLLM 0.26.0)."""
+    import re
+
+    from repro.evidence.summary import print_summary
+
+    path = EXAMPLES / "h200-needle-vllm-0.26.0" / "patched-async-off" / "cold-race.json"
+    doc = json.loads(path.read_text())
+    monkeypatch.setenv("COLUMNS", "400")
+    print_summary({"cold-race": doc}, path.parent)
+    shown = capsys.readouterr().out
+    hits, queries, drafts = re.search(
+        r"engaged with (\d+) hits of (\d+) queries, (\d+) drafts", doc["verdict"]["reason"]
+    ).groups()
+    row = next(line for line in shown.splitlines() if "cold-race" in line)
+    cells = [cell.strip() for cell in row.split("│")]
+    assert cells[3:5] == [f"{hits} / {queries}", drafts]
