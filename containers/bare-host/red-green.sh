@@ -25,6 +25,10 @@ kit=$(cd "$(dirname "$0")/../.." && pwd)
 stock=/tmp/repro-site-stock patched=/tmp/repro-site-patched
 phases=${REPRO_PHASES:-install stock patched}
 export PYTHONUNBUFFERED=1 REPRO_KIT_CHECKOUT="$kit"
+# NVLink multicast off in every process (repro.gpu_host.GPU_HOST_ENV; a value set before wins).
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+export TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
+export NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS:-1}
 mkdir -p "$out"
 
 t() { local s=$SECONDS; "$@"; echo "[timing] $* : $((SECONDS - s)) s" | tee -a "$out/timings.txt"; }
