@@ -37,21 +37,22 @@ SETTLE_TIMEOUT_S = 10.0
 # Upstream waits this long for the liveness probe's hits to show before calling them zero.
 LIVENESS_POLL_S = 30.0
 
-# Restored states the fault perturbed in engine processes other than this one, summed over
-# the engines that have shut down (read from their workers before shutdown), and whether
-# that count could not be read for one of them.
-_REMOTE_FAULTS = {"applied": 0, "unreadable": 0}
+# Restored states the fault perturbed, summed over the engines that have shut down, and how
+# many engines' counts could not be read. The count lives with the model runner: in this
+# process (engine core in-process, TP 1) or in worker processes (engine core elsewhere, or
+# TP > 1 even with the engine core here), which die with the engine. So it is read from the
+# workers, at boot and before shutdown, in every mode.
+_FAULTS = {"applied": 0, "unreadable": 0}
 
 
-def remote_faults_applied() -> int:
-    """The fault's count in worker processes of engines already shut down (this process's
-    own count is `repro.vllm_plugin.fault_injection.applied_count`)."""
-    return _REMOTE_FAULTS["applied"]
+def faults_applied() -> int:
+    """Restored states the fault perturbed in the engines already shut down."""
+    return _FAULTS["applied"]
 
 
-def remote_fault_counts_unreadable() -> int:
-    """Engines whose workers' fault count could not be read before shutdown."""
-    return _REMOTE_FAULTS["unreadable"]
+def fault_counts_unreadable() -> int:
+    """Engines whose workers' fault count could not be read."""
+    return _FAULTS["unreadable"]
 
 
 # Boot errors that mean "this block geometry cannot run the arm", not "the engine is broken".
@@ -153,6 +154,7 @@ class Engine:
         self.dropped_settings: list[str] = []
         self.boot_seconds: float | None = None
         self._llm = None
+        self._fault_baseline: list[int] | None = None
         self._waves = 0
         self._label = "APC" if self.settings.get("enable_prefix_caching") else "control"
 
@@ -189,20 +191,15 @@ class Engine:
                 raise GeometryUnsupported(f"engine refused the block geometry: {text}") from exc
             raise EngineBootError(f"engine failed to start: {text}") from exc
         self.boot_seconds = time.perf_counter() - started
+        if os.environ.get(FAULT_ENV):
+            # Each worker's count at boot: an in-process worker's count runs on over engines.
+            self._fault_baseline = self._worker_fault_counts()
         progress.emit("phase", name=f"{self._label} run")
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        if self._llm is not None and not self.in_process and os.environ.get(FAULT_ENV):
-            # The workers' count dies with them: read it before shutting them down.
-            try:
-                facts = self.worker_facts()
-            except FiguresUnreadable:
-                _REMOTE_FAULTS["unreadable"] += 1
-            else:
-                # Every rank perturbs its own shard of the state: the fault reached the
-                # request only where it reached every rank.
-                _REMOTE_FAULTS["applied"] += min(f["fault_applied"] for f in facts)
+        if self._llm is not None and os.environ.get(FAULT_ENV):
+            self._count_faults()
         llm, self._llm = self._llm, None
         if llm is None:
             return
@@ -287,6 +284,24 @@ class Engine:
         if not facts or not all(isinstance(f, dict) for f in facts):
             raise FiguresUnreadable("geometry", f"the workers answered {facts!r}")
         return facts
+
+    def _worker_fault_counts(self) -> list[int] | None:
+        """Each rank's fault count, None where a worker cannot report it."""
+        try:
+            return [int(f["fault_applied"]) for f in self.worker_facts()]
+        except (FiguresUnreadable, KeyError, TypeError, ValueError):
+            return None
+
+    def _count_faults(self) -> None:
+        """Add this engine's fault count, read from its workers before they shut down."""
+        now = self._worker_fault_counts()
+        base = self._fault_baseline
+        if now is None or base is None or len(now) != len(base):
+            _FAULTS["unreadable"] += 1
+            return
+        # Every rank perturbs its own shard of the state: the fault reached a request only
+        # where it reached every rank.
+        _FAULTS["applied"] += min(n - b for n, b in zip(now, base, strict=True))
 
     def _worker_geometry(self) -> tuple[set[int], int, int]:
         """Mamba block sizes, cache block size and budget as the workers run them; every

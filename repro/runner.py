@@ -646,16 +646,13 @@ def _run_one_arm(arm: str, facts: dict[str, Any], out_dir: Path, phases: dict) -
 
 
 def _faults_applied() -> tuple[int, int]:
-    """Restored states the fault has perturbed so far (all arms): in this process and in the
-    worker processes of engines already shut down; and how many engines' counts could not
-    be read (`repro.engine`, an engine core in a process of its own)."""
+    """Restored states the fault has perturbed so far (all arms), as the engines' workers
+    counted them, and how many engines' counts could not be read (`repro.engine`)."""
     if not os.environ.get(FAULT_ENV):
         return 0, 0
     from repro import engine
-    from repro.vllm_plugin import fault_injection
 
-    applied = fault_injection.applied_count() + engine.remote_faults_applied()
-    return applied, engine.remote_fault_counts_unreadable()
+    return engine.faults_applied(), engine.fault_counts_unreadable()
 
 
 def _check_fault_active(doc: dict[str, Any], before: tuple[int, int]) -> None:

@@ -92,3 +92,27 @@ def test_tp4_model_runs_multiprocess_and_the_fault_is_caught(run_kit, tmp_path):
     apc = doc["counters"]["apc"]
     for counter in ("prefix_cache_hits", "spec_decode_num_drafts"):
         assert sum(wave[counter] for wave in apc.values()) > 0, counter
+
+
+@pytest.mark.engine
+def test_workers_without_the_plugin_give_a_named_inconclusive(run_kit, tmp_path):
+    """Engine core and worker spawned, VLLM_PLUGINS leaving the kit out: the worker cannot
+    report the geometry, so the arm stops at the geometry gate, before any wave (~30 s)."""
+    proc = run_kit("tiny-model", "--cache", str(tmp_path / "models"), "--family", "nemotron-h-tp4")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    model = Path(proc.stdout.strip().splitlines()[-1])
+    out = tmp_path / "run"
+    env = {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
+        "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
+        "VLLM_PLUGINS": "not-the-kit",
+    }
+    proc = run_kit(
+        "run", "--profile", "tiny-nemotron-h", "--model-path", str(model), "--out", str(out),
+        "--arms", "cold-race", env=env, timeout=1800,
+    )  # fmt: skip
+    doc = json.loads((out / "cold-race.json").read_text())
+    validate_artifact(doc)
+    assert doc["verdict"]["status"] == "inconclusive", doc["verdict"]
+    assert doc["verdict"]["gate"] == "geometry"
+    assert "repro_kit_facts" in doc["verdict"]["reason"]

@@ -7,7 +7,8 @@
 # PARTS_DIR holds an install set (python -m repro.installset build …): manifest.json + parts;
 # installing it needs the host's python3 and its pip.
 # The tiny model is found through REPRO_CACHE (carry it; building it needs transformers too).
-# REPRO_PROFILE picks the tiny profile (default tiny; tiny-nemotron-h for the Mamba2 model).
+# REPRO_PROFILE picks the tiny profile (default tiny; tiny-nemotron-h for the Mamba2 model;
+# tiny-nemotron-h-tp4 for it at tensor parallel 4 on four GPUs, docs/tp4.md).
 # REPRO_PHASES (default "install stock patched") picks steps, so a host whose calls are time
 # limited can run them in separate calls: the installed trees stay under /tmp meanwhile.
 # REPRO_EXTRA_WHEELS: a folder of wheels the kit itself needs and the host lacks, installed
