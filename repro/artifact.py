@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from repro import redaction
 from repro.atomicio import write_json_atomic
 from repro.errors import ValidationUnavailable
+from repro.gpu_host import GPU_HOST_ENV
 
 if TYPE_CHECKING:
     from jsonschema import Draft202012Validator
@@ -260,6 +261,7 @@ scan_document = redaction.scan_document
 _ENV_PREFIXES = ("VLLM_", "REPRO_")
 _ENV_NAMES = frozenset(
     {"HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"}
+    | set(GPU_HOST_ENV)
 )
 _ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
 # The kit's own plumbing between processes, recorded in their own sections (run, location).
@@ -272,7 +274,8 @@ def redact_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     Kept: names starting with ``VLLM_`` or ``REPRO_`` (but not the kit's inter-process
     plumbing, REPRO_RUN_CONTEXT and REPRO_IMAGE, which have their own sections), and
     ``HF_HUB_OFFLINE``,
-    ``TRANSFORMERS_OFFLINE``, ``CUDA_VISIBLE_DEVICES``, ``OMP_NUM_THREADS``. Dropped anyway:
+    ``TRANSFORMERS_OFFLINE``, ``CUDA_VISIBLE_DEVICES``, ``OMP_NUM_THREADS`` and the GPU host's
+    NVLink switches (`repro.gpu_host.GPU_HOST_ENV`). Dropped anyway:
     any name containing one of the scanner's secret words (`repro.redaction.SECRET_WORDS`,
     case-insensitive), and names that are not upper case, digits and underscores.
     """

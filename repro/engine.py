@@ -16,8 +16,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from repro import progress
-from repro.errors import EngineBootError, GeometryUnsupported
+from repro import gpu_host, plugin_path, progress
+from repro.errors import EngineBootError, FiguresUnreadable, GeometryUnsupported
+
+# The positive control's switch (read by the plugin in every engine process).
+FAULT_ENV = "REPRO_INJECT_FAULT"
 
 COUNTER_NAMES = {
     "prefix_cache_queries": "vllm:prefix_cache_queries",
@@ -33,6 +36,24 @@ SETTLE_INTERVAL_S = 0.05
 SETTLE_TIMEOUT_S = 10.0
 # Upstream waits this long for the liveness probe's hits to show before calling them zero.
 LIVENESS_POLL_S = 30.0
+
+# Restored states the fault perturbed, summed over the engines that have shut down, and how
+# many engines' counts could not be read. The count lives with the model runner: in this
+# process (engine core in-process, TP 1) or in worker processes (engine core elsewhere, or
+# TP > 1 even with the engine core here), which die with the engine. So it is read from the
+# workers, at boot and before shutdown, in every mode.
+_FAULTS = {"applied": 0, "unreadable": 0}
+
+
+def faults_applied() -> int:
+    """Restored states the fault perturbed in the engines already shut down."""
+    return _FAULTS["applied"]
+
+
+def fault_counts_unreadable() -> int:
+    """Engines whose workers' fault count could not be read."""
+    return _FAULTS["unreadable"]
+
 
 # Boot errors that mean "this block geometry cannot run the arm", not "the engine is broken".
 _GEOMETRY_BOOT_ERRORS = (
@@ -133,12 +154,18 @@ class Engine:
         self.dropped_settings: list[str] = []
         self.boot_seconds: float | None = None
         self._llm = None
+        self._fault_baseline: list[int] | None = None
         self._waves = 0
         self._label = "APC" if self.settings.get("enable_prefix_caching") else "control"
 
     # -- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> Engine:
-        os.environ.update(self.env)
+        # Defaults only: a variable the user set (VLLM_ENABLE_V1_MULTIPROCESSING=1, an NCCL
+        # switch) is kept, and the artifact's environment records what ran.
+        gpu_host.apply_defaults(self.env)
+        # Where the kit is not pip-installed, vLLM's engine-core and worker processes find
+        # the plugin through an entry point the kit puts on their path (repro.plugin_path).
+        plugin_path.expose_entry_point()
         from vllm import LLM
         from vllm.engine.arg_utils import EngineArgs
 
@@ -164,10 +191,15 @@ class Engine:
                 raise GeometryUnsupported(f"engine refused the block geometry: {text}") from exc
             raise EngineBootError(f"engine failed to start: {text}") from exc
         self.boot_seconds = time.perf_counter() - started
+        if os.environ.get(FAULT_ENV):
+            # Each worker's count at boot: an in-process worker's count runs on over engines.
+            self._fault_baseline = self._worker_fault_counts()
         progress.emit("phase", name=f"{self._label} run")
         return self
 
     def __exit__(self, *exc_info: object) -> None:
+        if self._llm is not None and os.environ.get(FAULT_ENV):
+            self._count_faults()
         llm, self._llm = self._llm, None
         if llm is None:
             return
@@ -192,17 +224,20 @@ class Engine:
         the scheduler's block size differs from it (upstream's cross-invariant: the arms size
         prompts in B and the cache hashes blocks of cache_config.block_size).
         """
-        from vllm.v1.kv_cache_interface import MambaSpec
+        if self.in_process:
+            from vllm.v1.kv_cache_interface import MambaSpec
 
-        vllm_config = self.llm.llm_engine.vllm_config
-        kv_cache_config = self._scheduler().kv_cache_config
-        mamba_sizes = {
-            group.kv_cache_spec.block_size
-            for group in kv_cache_config.kv_cache_groups
-            if isinstance(group.kv_cache_spec, MambaSpec)
-        }
-        cache_block_size = vllm_config.cache_config.block_size
-        budget = vllm_config.scheduler_config.max_num_batched_tokens
+            vllm_config = self.llm.llm_engine.vllm_config
+            kv_cache_config = self._scheduler().kv_cache_config
+            mamba_sizes = {
+                group.kv_cache_spec.block_size
+                for group in kv_cache_config.kv_cache_groups
+                if isinstance(group.kv_cache_spec, MambaSpec)
+            }
+            cache_block_size = vllm_config.cache_config.block_size
+            budget = vllm_config.scheduler_config.max_num_batched_tokens
+        else:
+            mamba_sizes, cache_block_size, budget = self._worker_geometry()
         if len(mamba_sizes) != 1:
             raise GeometryUnsupported(
                 f"expected exactly one Mamba block size among the KV-cache groups, "
@@ -223,6 +258,63 @@ class Engine:
                 f"assumes they are equal"
             )
         return Geometry(mamba_block_size, cache_block_size, budget)
+
+    @property
+    def in_process(self) -> bool:
+        """Whether the engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
+        return getattr(self.llm.llm_engine.engine_core, "engine_core", None) is not None
+
+    def worker_facts(self) -> list[dict[str, Any]]:
+        """Each worker's figures (`repro.vllm_plugin.worker_facts`), by `collective_rpc`.
+
+        Raises FiguresUnreadable (gate geometry) where a worker cannot answer: the plugin
+        did not load there (VLLM_PLUGINS leaving it out, say), or this vLLM has no such RPC.
+        """
+        from repro.vllm_plugin.worker_facts import METHOD
+
+        try:
+            facts = list(self.llm.collective_rpc(METHOD))
+        except Exception as exc:  # noqa: BLE001 - every failure is named below
+            raise FiguresUnreadable(
+                "geometry",
+                f"the engine's workers did not report their figures ({type(exc).__name__}: "
+                f"{exc}); with the engine core in another process the kit's plugin must load "
+                f"there (VLLM_PLUGINS, where set, must name repro_kit)",
+            ) from exc
+        if not facts or not all(isinstance(f, dict) for f in facts):
+            raise FiguresUnreadable("geometry", f"the workers answered {facts!r}")
+        return facts
+
+    def _worker_fault_counts(self) -> list[int] | None:
+        """Each rank's fault count, None where a worker cannot report it."""
+        try:
+            return [int(f["fault_applied"]) for f in self.worker_facts()]
+        except (FiguresUnreadable, KeyError, TypeError, ValueError):
+            return None
+
+    def _count_faults(self) -> None:
+        """Add this engine's fault count, read from its workers before they shut down."""
+        now = self._worker_fault_counts()
+        base = self._fault_baseline
+        if now is None or base is None or len(now) != len(base):
+            _FAULTS["unreadable"] += 1
+            return
+        # Every rank perturbs its own shard of the state: the fault reached a request only
+        # where it reached every rank.
+        _FAULTS["applied"] += min(n - b for n, b in zip(now, base, strict=True))
+
+    def _worker_geometry(self) -> tuple[set[int], int, int]:
+        """Mamba block sizes, cache block size and budget as the workers run them; every
+        rank must agree."""
+        facts = self.worker_facts()
+        views = {
+            (tuple(f["mamba_block_sizes"]), f["cache_block_size"], f["max_num_batched_tokens"])
+            for f in facts
+        }
+        if len(views) != 1:
+            raise GeometryUnsupported(f"the workers disagree on the block geometry: {facts}")
+        ((mamba_sizes, cache_block_size, budget),) = views
+        return set(mamba_sizes), cache_block_size, budget
 
     def _scheduler(self):
         core = self.llm.llm_engine.engine_core
@@ -288,10 +380,18 @@ class Engine:
     def _read_counters(self) -> Counters:
         totals = dict.fromkeys(COUNTER_NAMES, 0)
         by_metric = {metric: key for key, metric in COUNTER_NAMES.items()}
+        found = set()
         for metric in self.llm.get_metrics():
             key = by_metric.get(metric.name)
             if key is not None and hasattr(metric, "value"):
                 totals[key] += int(metric.value)
+                found.add(key)
+        if "prefix_cache_queries" not in found:
+            # Not a zero: no figure at all (stat loggers off, or stats that never reached
+            # this process from the engine core).
+            raise FiguresUnreadable(
+                "engagement", "vLLM's metrics hold no prefix-cache counters; none can be read"
+            )
         return Counters(**totals)
 
 

@@ -16,11 +16,10 @@ The booted engine must confirm the result (`repro.engine.Engine.geometry`); a di
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
-from repro import progress
+from repro import gpu_host, progress
 from repro.errors import GeometryUnsupported
 
 
@@ -39,7 +38,7 @@ def derived_mamba_block_size(
     """
     progress.emit("phase", name="deriving the Mamba block size from vLLM's configuration")
     started = time.perf_counter()
-    os.environ.update(env)
+    gpu_host.apply_defaults(env)
     from vllm.engine.arg_utils import EngineArgs
 
     from repro import vllm_plugin

@@ -27,6 +27,15 @@ class GeometryUnsupported(NotEvidence):
     gate = "geometry"
 
 
+class FiguresUnreadable(NotEvidence):
+    """A figure the grading needs could not be read from the engine (e.g. from its worker
+    processes when the engine core runs in a process of its own): inconclusive at `gate`."""
+
+    def __init__(self, gate: str, message: str) -> None:
+        super().__init__(message)
+        self.gate = gate
+
+
 class EngineBootError(ReproError):
     """The engine did not start for a reason other than unsupported geometry."""
 

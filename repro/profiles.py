@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from repro.errors import ReproError
+from repro.gpu_host import GPU_HOST_ENV
 
 ARMS = ("cold-race", "multi-turn")
 
@@ -24,7 +25,9 @@ UPSTREAM_COLD_RACE_MAX_NUM_SEQS = 8
 UPSTREAM_GPU_MEMORY_UTILIZATION = 0.8
 
 ENGINE_ENV = {
-    # In-process engine: geometry is read from the scheduler and counters settle faster.
+    # In-process engine: geometry is read from the scheduler and counters settle faster. A
+    # user's VLLM_ENABLE_V1_MULTIPROCESSING=1 wins (every engine variable is a default): the
+    # engine then reads its figures from the workers (repro.engine, docs/tp4.md).
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
 }
 
@@ -118,7 +121,10 @@ class Profile:
         )
 
     def engine_env(self) -> dict[str, str]:
-        return {**ENGINE_ENV, **self.extra_env}
+        """The engine's environment variables: defaults, each yielding to a value the user
+        set (`repro.gpu_host.apply_defaults`). GPU profiles carry the GPU host's settings."""
+        gpu = GPU_HOST_ENV if self.device == "cuda" else {}
+        return {**gpu, **ENGINE_ENV, **self.extra_env}
 
 
 TINY = Profile(
@@ -221,6 +227,23 @@ TINY_NEMOTRON_H_CUDA: dict[str, Any] = {
     "why_arms": TINY.why_arms,
 }
 
+# Issue 19: the tiny NemotronH on four GPUs with tensor parallel 4, the layout upstream ran
+# Nemotron-Super in. Its recipe raises the attention heads, KV heads, Mamba heads and groups
+# to multiples of 4 (repro.tiny_nemotron_h.recipe_for_tp), so each rank holds whole ones; the
+# settings are the CUDA variant's. Unproven until it runs on four GPUs (docs/tp4.md): the CPU
+# runs its model at TP 1 only (tests/test_tp4.py).
+TINY_NEMOTRON_H_TP4 = replace(
+    TINY_NEMOTRON_H,
+    **{
+        **TINY_NEMOTRON_H_CUDA,
+        "name": "tiny-nemotron-h-tp4",
+        "model": "repro-kit/tiny-nemotron-h-tp4 (random weights, built offline, heads divide by 4)",
+        "tiny_model": "nemotron-h-tp4",
+        "tensor_parallel_size": 4,
+        "min_gpus": 4,
+    },
+)
+
 # The kit's trained tiny NemotronH (repro.tiny_needle): the tiny geometry and settings, graded
 # on needle recall as upstream grades its models. The model answers the arms' questions (its
 # held-out recall is in its recipe.json), so answers follow upstream's sampling and EOS is the
@@ -307,7 +330,16 @@ NEMOTRON_NANO = replace(
 
 PROFILES: dict[str, Profile] = {
     p.name: p
-    for p in (TINY, TINY_NEMOTRON_H, TINY_NEEDLE, QWEN, NEMOTRON, QWEN35_4B, NEMOTRON_NANO)
+    for p in (
+        TINY,
+        TINY_NEMOTRON_H,
+        TINY_NEMOTRON_H_TP4,
+        TINY_NEEDLE,
+        QWEN,
+        NEMOTRON,
+        QWEN35_4B,
+        NEMOTRON_NANO,
+    )
 }
 
 # A model the kit has no profile for (`run --model REPO_OR_PATH`): upstream's settings, both

@@ -30,7 +30,16 @@ import traceback
 from pathlib import Path
 from typing import Any, NoReturn
 
-from repro import engine_env, envinfo, evidence, grading, patching, progress, redaction
+from repro import (
+    engine_env,
+    envinfo,
+    evidence,
+    gpu_host,
+    grading,
+    patching,
+    progress,
+    redaction,
+)
 from repro.artifact import (
     ArtifactContainsSecrets,
     ArtifactInvalid,
@@ -39,7 +48,8 @@ from repro.artifact import (
     write_artifact,
 )
 from repro.atomicio import sha256_file, write_json_atomic
-from repro.errors import NotEvidence, ReproError, ValidationUnavailable
+from repro.errors import FiguresUnreadable, NotEvidence, ReproError, ValidationUnavailable
+from repro.gpu_host import GPU_HOST_ENV
 from repro.profiles import MODEL_PROFILE_NAME, Profile, for_model, get_profile
 
 FAULT_ENV = "REPRO_INJECT_FAULT"
@@ -213,6 +223,22 @@ class _EngineOutput(threading.Thread):
             self.log = None
 
 
+def engine_process_env(base, *, device: str, fault_kind: str | None) -> dict[str, str]:
+    """The engine process's environment: `base` with the progress stream, the fault switch
+    (vLLM's own processes inherit it) and, on a GPU, the GPU host's settings."""
+    env = dict(base)
+    env["PYTHONUNBUFFERED"] = "1"
+    env[progress.ENV] = "1"
+    if device == "cuda":
+        # Before vLLM's first import in the engine process; a value the user set is kept.
+        gpu_host.apply_defaults(GPU_HOST_ENV, env)
+    if fault_kind:
+        env[FAULT_ENV] = fault_kind
+    else:
+        env.pop(FAULT_ENV, None)
+    return env
+
+
 def _run_engine_process(
     arms: list[str],
     contexts: dict[str, dict[str, Any]],
@@ -227,14 +253,9 @@ def _run_engine_process(
     """
     for arm in arms:
         (out_dir / f".{arm}.partial.json").unlink(missing_ok=True)
-    env = dict(os.environ)
-    env["PYTHONUNBUFFERED"] = "1"
-    env[progress.ENV] = "1"
-    fault_kind = contexts[arms[0]]["fault_kind"]
-    if fault_kind:
-        env[FAULT_ENV] = fault_kind
-    else:
-        env.pop(FAULT_ENV, None)
+    env = engine_process_env(
+        os.environ, device=contexts[arms[0]]["device"], fault_kind=contexts[arms[0]]["fault_kind"]
+    )
     cmd = [sys.executable, "-m", "repro", "arms", "--arms", *arms, "--out", str(out_dir)]
     current = arms[0]
     screen.starting(current)
@@ -595,7 +616,7 @@ def _run_one_arm(arm: str, facts: dict[str, Any], out_dir: Path, phases: dict) -
         )
         evidence.fill_result(doc, result, verdict, context=facts, overrides=facts["overrides"])
         doc["run"]["phases_s"] = {k: round(v, 3) for k, v in timer.seconds.items()}
-        _check_fault_active(doc, _faults_applied() - faults_before)
+        _check_fault_active(doc, faults_before)
     except NotEvidence as exc:
         doc["engine"] = evidence.engine_section(
             context=facts, apc=None, control=None, overrides=facts["overrides"]
@@ -624,22 +645,31 @@ def _run_one_arm(arm: str, facts: dict[str, Any], out_dir: Path, phases: dict) -
     )
 
 
-def _faults_applied() -> int:
-    """Restored states the fault has perturbed so far in this process (all arms)."""
+def _faults_applied() -> tuple[int, int]:
+    """Restored states the fault has perturbed so far (all arms), as the engines' workers
+    counted them, and how many engines' counts could not be read (`repro.engine`)."""
     if not os.environ.get(FAULT_ENV):
-        return 0
-    from repro.vllm_plugin import fault_injection
+        return 0, 0
+    from repro import engine
 
-    return fault_injection.applied_count()
+    return engine.faults_applied(), engine.fault_counts_unreadable()
 
 
-def _check_fault_active(doc: dict[str, Any], applied: int) -> None:
+def _check_fault_active(doc: dict[str, Any], before: tuple[int, int]) -> None:
     """An injected fault that never reached the engine would fake a positive control.
 
-    `applied` counts this arm's perturbed requests only: the arms share one process.
+    `before` is `_faults_applied()` at the arm's start: the arms share one process, and the
+    figures here are this arm's only.
     """
     if not doc["fault_injection"]["enabled"]:
         return
+    applied, unreadable = (now - then for now, then in zip(_faults_applied(), before, strict=True))
+    if unreadable:
+        raise FiguresUnreadable(
+            "engagement",
+            f"the fault's count could not be read from the workers of {unreadable} engine(s); "
+            f"whether the positive control ran is unknown",
+        )
     doc["fault_injection"]["applied"] = applied
     if applied == 0:
         raise RuntimeError(

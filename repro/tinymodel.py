@@ -87,7 +87,8 @@ def default_cache_dir() -> Path:
 
 #: The tiny model families the kit builds (`Profile.tiny_model`, `tiny-model --family`).
 # "nemotron-h-needle" is trained, not built: its checkpoint is committed (`repro.tiny_needle`).
-FAMILIES = ("qwen3-next", "nemotron-h", "nemotron-h-needle")
+# "nemotron-h-tp4" is the NemotronH recipe with heads and groups that divide by 4 (issue 19).
+FAMILIES = ("qwen3-next", "nemotron-h", "nemotron-h-tp4", "nemotron-h-needle")
 
 
 def recipe_for(family: str) -> dict:
@@ -97,6 +98,7 @@ def recipe_for(family: str) -> dict:
     recipes = {
         "qwen3-next": RECIPE,
         "nemotron-h": tiny_nemotron_h.RECIPE,
+        "nemotron-h-tp4": tiny_nemotron_h.recipe_for_tp(4),
         "nemotron-h-needle": needle_train.RECIPE,
     }
     try:

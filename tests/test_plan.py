@@ -7,6 +7,7 @@ import json
 import pytest
 
 from repro import cli, plan, weights
+from repro.gpu_host import GPU_HOST_ENV
 from repro.profiles import NUM_SPECULATIVE_TOKENS, get_profile
 
 NO_GPU = {"gpus": [], "cpu": {}, "memory_bytes": 0}
@@ -73,7 +74,11 @@ def test_nemotron_plan(tmp_path):
         apc, control = doc["runs"][arm]["apc"], doc["runs"][arm]["control"]
         assert {k for k in apc if apc[k] != control.get(k)} == {"enable_prefix_caching"}
 
-    assert doc["environment"] == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1"}
+    assert doc["environment"] == {
+        **GPU_HOST_ENV,
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "HF_HUB_OFFLINE": "1",
+    }
 
     repo_dir = (
         tmp_path / "cache"
@@ -131,7 +136,11 @@ def test_qwen_plan_with_pinned_revision(tmp_path):
         "satisfied": True,
         "refusal": None,
     }
-    assert doc["environment"] == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1"}
+    assert doc["environment"] == {
+        **GPU_HOST_ENV,
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "HF_HUB_OFFLINE": "1",
+    }
     snapshot = weights.snapshot_dir((tmp_path / "cache").resolve(), "Qwen/Qwen3.6-27B-FP8", SHA)
     assert doc["weights"]["snapshot"] == str(snapshot)
     assert (

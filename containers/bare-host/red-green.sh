@@ -7,7 +7,8 @@
 # PARTS_DIR holds an install set (python -m repro.installset build …): manifest.json + parts;
 # installing it needs the host's python3 and its pip.
 # The tiny model is found through REPRO_CACHE (carry it; building it needs transformers too).
-# REPRO_PROFILE picks the tiny profile (default tiny; tiny-nemotron-h for the Mamba2 model).
+# REPRO_PROFILE picks the tiny profile (default tiny; tiny-nemotron-h for the Mamba2 model;
+# tiny-nemotron-h-tp4 for it at tensor parallel 4 on four GPUs, docs/tp4.md).
 # REPRO_PHASES (default "install stock patched") picks steps, so a host whose calls are time
 # limited can run them in separate calls: the installed trees stay under /tmp meanwhile.
 # REPRO_EXTRA_WHEELS: a folder of wheels the kit itself needs and the host lacks, installed
@@ -25,6 +26,10 @@ kit=$(cd "$(dirname "$0")/../.." && pwd)
 stock=/tmp/repro-site-stock patched=/tmp/repro-site-patched
 phases=${REPRO_PHASES:-install stock patched}
 export PYTHONUNBUFFERED=1 REPRO_KIT_CHECKOUT="$kit"
+# NVLink multicast off in every process (repro.gpu_host.GPU_HOST_ENV; a value set before wins).
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+export TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
+export NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS:-1}
 mkdir -p "$out"
 
 t() { local s=$SECONDS; "$@"; echo "[timing] $* : $((SECONDS - s)) s" | tee -a "$out/timings.txt"; }

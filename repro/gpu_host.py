@@ -1,0 +1,40 @@
+"""The environment every process the kit starts on a GPU host carries.
+
+The GPU hosts the kit is run on here need NVLink multicast (NVLS) off, and each library that
+can use it has its own switch: NCCL's collectives, torch's symmetric memory and NVSHMEM
+(docs/tp4.md, §NVLink multicast). With tensor parallelism every worker process opens NCCL
+communicators, so the settings must reach each of them; vLLM's workers inherit the engine
+process's environment. One constant, read by every place that builds such an environment:
+`Profile.engine_env`, the runner's engine process, the container run and
+containers/bare-host/red-green.sh (pinned to this constant by tests/test_gpu_host.py).
+
+A value the user set explicitly always wins: these are defaults, never overrides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, MutableMapping
+
+GPU_HOST_ENV: dict[str, str] = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+
+
+def gpu_host_env(user_env: Mapping[str, str]) -> dict[str, str]:
+    """`GPU_HOST_ENV`, with each value the user set in `user_env` kept instead."""
+    return {key: user_env.get(key, default) for key, default in GPU_HOST_ENV.items()}
+
+
+def apply_defaults(
+    env: Mapping[str, str], target: MutableMapping[str, str] | None = None
+) -> dict[str, str]:
+    """Set each of `env` in `target` (os.environ by default) unless it is set there already;
+    return what the variables now hold."""
+    import os
+
+    target = os.environ if target is None else target
+    for key, value in env.items():
+        target.setdefault(key, value)
+    return {key: target[key] for key in env}

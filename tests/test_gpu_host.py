@@ -1,0 +1,100 @@
+"""The GPU host's NVLink switches reach every process the kit starts there, and a value the
+user set is never overridden (repro.gpu_host)."""
+
+from __future__ import annotations
+
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from repro import gpu_host, runner
+from repro.artifact import redact_env
+from repro.gpu_host import GPU_HOST_ENV
+from repro.profiles import NEMOTRON, PROFILES, TINY, get_profile
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_the_switches_are_the_three_this_workplace_needs():
+    assert GPU_HOST_ENV == {
+        "NCCL_NVLS_ENABLE": "0",
+        "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+        "NVSHMEM_DISABLE_NVLS": "1",
+    }
+
+
+def test_every_gpu_profile_carries_them_and_cpu_profiles_do_not():
+    for profile in PROFILES.values():
+        env = profile.engine_env()
+        if profile.device == "cuda":
+            assert {k: env[k] for k in GPU_HOST_ENV} == GPU_HOST_ENV, profile.name
+        else:
+            assert not set(GPU_HOST_ENV) & set(env), profile.name
+    # A tiny profile moved to a GPU carries them too.
+    assert set(GPU_HOST_ENV) <= set(TINY.for_device("cuda").engine_env())
+    assert set(GPU_HOST_ENV) <= set(get_profile("tiny-nemotron-h-tp4").engine_env())
+
+
+def test_a_value_the_user_set_is_kept():
+    target = {"NCCL_NVLS_ENABLE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    now = gpu_host.apply_defaults(NEMOTRON.engine_env(), target)
+    assert now["NCCL_NVLS_ENABLE"] == "1"
+    assert now["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
+    assert now["NVSHMEM_DISABLE_NVLS"] == "1"
+    assert gpu_host.gpu_host_env({"NVSHMEM_DISABLE_NVLS": "0"}) == {
+        **GPU_HOST_ENV,
+        "NVSHMEM_DISABLE_NVLS": "0",
+    }
+
+
+def test_the_engine_process_gets_them_on_a_gpu_only():
+    base = {"PATH": "/usr/bin", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "0"}
+    gpu = runner.engine_process_env(base, device="cuda", fault_kind="restored-state-noise")
+    assert gpu["NCCL_NVLS_ENABLE"] == "0" and gpu["NVSHMEM_DISABLE_NVLS"] == "1"
+    assert gpu["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "0"  # the user's
+    assert gpu[runner.FAULT_ENV] == "restored-state-noise"
+    cpu = runner.engine_process_env(
+        {**base, runner.FAULT_ENV: "stale"}, device="cpu", fault_kind=None
+    )
+    assert "NCCL_NVLS_ENABLE" not in cpu and runner.FAULT_ENV not in cpu
+
+
+def test_the_artifact_records_them():
+    assert redact_env({**GPU_HOST_ENV, "NCCL_SOMETHING_ELSE": "1"}) == dict(
+        sorted(GPU_HOST_ENV.items())
+    )
+
+
+@pytest.mark.skipif(not Path("/bin/bash").exists(), reason="needs bash")
+def test_red_green_exports_them_to_the_run(tmp_path):
+    """The bare-host script, run for its `stock` phase with a stand-in `python3` on PATH (the
+    GPU host's Python with vLLM cannot run here) that records the environment it got."""
+    fake = tmp_path / "bin" / "python3"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\nenv > "{tmp_path}/env.txt"\necho "$@" > "{tmp_path}/args.txt"\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    env = {
+        "PATH": f"{fake.parent}:/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "REPRO_PHASES": "stock",
+        "NCCL_NVLS_ENABLE": "7",  # set by the user: kept
+    }
+    proc = subprocess.run(
+        ["bash", str(REPO / "containers/bare-host/red-green.sh"), "parts", str(tmp_path / "out")],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    got = dict(
+        line.split("=", 1)
+        for line in (tmp_path / "env.txt").read_text().splitlines()
+        if "=" in line
+    )
+    assert got["NCCL_NVLS_ENABLE"] == "7"
+    for key in set(GPU_HOST_ENV) - {"NCCL_NVLS_ENABLE"}:
+        assert got[key] == GPU_HOST_ENV[key], key
+    assert (tmp_path / "args.txt").read_text().startswith("-m repro run --profile tiny")
