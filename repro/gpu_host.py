@@ -8,7 +8,7 @@ process's environment. One constant, read by every place that builds such an env
 `Profile.engine_env`, the runner's engine process, the container run and
 containers/bare-host/red-green.sh (pinned to this constant by tests/test_gpu_host.py).
 
-A value the user set explicitly always wins: these are defaults, never overrides.
+A value the user set for one of these wins: they are defaults, never overrides.
 """
 
 from __future__ import annotations
@@ -27,14 +27,25 @@ def gpu_host_env(user_env: Mapping[str, str]) -> dict[str, str]:
     return {key: user_env.get(key, default) for key, default in GPU_HOST_ENV.items()}
 
 
+# The engine variables a user may choose for a run: the GPU host's switches and where the
+# engine core runs (figures are then read from the workers: repro.engine). Every other
+# profile variable is part of what is measured (VLLM_USE_FLASHINFER_SAMPLER=0, say) and is set
+# whatever the shell holds.
+USER_MAY_SET = frozenset({*GPU_HOST_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING"})
+
+
 def apply_defaults(
     env: Mapping[str, str], target: MutableMapping[str, str] | None = None
 ) -> dict[str, str]:
-    """Set each of `env` in `target` (os.environ by default) unless it is set there already;
-    return what the variables now hold."""
+    """Set each of `env` in `target` (os.environ by default): a variable of `USER_MAY_SET`
+    only where it is not set there already, every other one always; return what the
+    variables now hold."""
     import os
 
     target = os.environ if target is None else target
     for key, value in env.items():
-        target.setdefault(key, value)
+        if key in USER_MAY_SET:
+            target.setdefault(key, value)
+        else:
+            target[key] = value
     return {key: target[key] for key in env}

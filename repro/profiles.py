@@ -26,8 +26,8 @@ UPSTREAM_GPU_MEMORY_UTILIZATION = 0.8
 
 ENGINE_ENV = {
     # In-process engine: geometry is read from the scheduler and counters settle faster. A
-    # user's VLLM_ENABLE_V1_MULTIPROCESSING=1 wins (every engine variable is a default): the
-    # engine then reads its figures from the workers (repro.engine, docs/tp4.md).
+    # user's VLLM_ENABLE_V1_MULTIPROCESSING=1 wins (repro.gpu_host.USER_MAY_SET): the engine
+    # then reads its figures from the workers (repro.engine, docs/tp4.md).
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
 }
 
@@ -121,8 +121,8 @@ class Profile:
         )
 
     def engine_env(self) -> dict[str, str]:
-        """The engine's environment variables: defaults, each yielding to a value the user
-        set (`repro.gpu_host.apply_defaults`). GPU profiles carry the GPU host's settings."""
+        """The engine's environment variables (`repro.gpu_host.apply_defaults`: those a user
+        may choose yield to the user's value). GPU profiles carry the GPU host's settings."""
         gpu = GPU_HOST_ENV if self.device == "cuda" else {}
         return {**gpu, **ENGINE_ENV, **self.extra_env}
 

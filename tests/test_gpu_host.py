@@ -43,6 +43,10 @@ def test_a_value_the_user_set_is_kept():
     assert now["NCCL_NVLS_ENABLE"] == "1"
     assert now["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
     assert now["NVSHMEM_DISABLE_NVLS"] == "1"
+    # What the profile measures with is not the shell's to change.
+    measured = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
+    target = {"VLLM_USE_FLASHINFER_SAMPLER": "1"}
+    assert gpu_host.apply_defaults(measured, target) == measured == target
     assert gpu_host.gpu_host_env({"NVSHMEM_DISABLE_NVLS": "0"}) == {
         **GPU_HOST_ENV,
         "NVSHMEM_DISABLE_NVLS": "0",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from importlib.metadata import distributions
@@ -42,10 +43,16 @@ def test_written_distribution_holds_only_the_entry_point(tmp_path):
     ]
 
 
-def test_a_process_started_from_the_engine_finds_the_plugin():
-    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(REPO)}
+def test_a_process_started_from_the_engine_finds_the_plugin(tmp_path):
+    # The package alone, as on a bare host: a checkout where `pip install -e .` ran holds
+    # the kit's metadata (repro_kit.egg-info) beside it, which would show the entry point.
+    shutil.copytree(
+        REPO / "repro", tmp_path / "repro", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(tmp_path)}
     proc = subprocess.run(
         [sys.executable, "-S", "-c", _CHILD],
+        cwd=tmp_path,  # `-c` puts the working directory on sys.path
         env=env,
         capture_output=True,
         text=True,
