@@ -176,7 +176,7 @@ def cmd_build_image(args: argparse.Namespace) -> int:
         built = cuda.build_cuda_image(
             docker_client(),
             vllm_ref=ref,
-            lock_path=cuda_lock_path(args, ref),
+            lock_path=cuda_lock_path(ref, lock=args.lock, variant=args.cuda),
             variant=args.cuda or cuda.DEFAULT_VARIANT,
             base=args.base or "auto",
             tag=args.tag,
@@ -206,14 +206,17 @@ def cmd_build_image(args: argparse.Namespace) -> int:
     return 0
 
 
-def cuda_lock_path(args: argparse.Namespace, ref: str) -> Path:
-    from repro.containers import cuda
+def cuda_lock_path(
+    ref: str, *, lock: Path | None, variant: str | None, python: str | None = None
+) -> Path:
+    """``lock`` where given, else the ref's lock under containers/locks/ for ``variant`` and
+    ``python`` (the defaults where None)."""
     from repro.installset.lock import default_lock_path
 
-    if getattr(args, "lock", None):
-        return args.lock
-    python = getattr(args, "python", None) or LOCK_PYTHON
-    return default_lock_path(ref, args.cuda or cuda.DEFAULT_VARIANT, "cp" + python.replace(".", ""))
+    if lock:
+        return lock
+    python = python or LOCK_PYTHON
+    return default_lock_path(ref, variant or DEFAULT_VARIANT, "cp" + python.replace(".", ""))
 
 
 def cmd_cuda_lock(args: argparse.Namespace) -> int:
@@ -237,7 +240,9 @@ def cmd_cuda_lock(args: argparse.Namespace) -> int:
     )
     if source.ref.kind == "commit":
         cuda.check_commit_version(doc, source.ref.value)
-    path = args.out or cuda_lock_path(args, source.ref.value)
+    path = args.out or cuda_lock_path(
+        source.ref.value, lock=None, variant=args.cuda, python=args.python
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, doc)
     from collections import Counter
@@ -261,7 +266,9 @@ def cmd_cuda_wheelhouse(args: argparse.Namespace) -> int:
     ref = args.vllm
     started = time.monotonic()
     wheels = cuda.make_cuda_wheelhouse(
-        cuda_lock_path(args, ref), args.out, log=lambda m: print(f"[repro] {m}", file=sys.stderr)
+        cuda_lock_path(ref, lock=args.lock, variant=args.cuda),
+        args.out,
+        log=lambda m: print(f"[repro] {m}", file=sys.stderr),
     )
     size = sum(w.bytes for w in wheels)
     print(

