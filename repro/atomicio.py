@@ -4,7 +4,8 @@ A reader of a path written here sees either the old file or the complete new one
 half-written file: the text goes to a temporary file in the same directory (so the rename
 cannot cross file systems), is flushed and fsync'd, and then replaces the target with
 ``os.replace``, which is atomic on POSIX. On any failure the temporary file is removed and
-the old file, if there was one, is left as it was.
+the old file, if there was one, is left as it was. A folder is published the same way
+(`publish_folder`): filled beside its target, then renamed onto it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -73,6 +75,30 @@ def open_atomic(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
             os.unlink(tmp_name)
         raise
     _fsync_dir(target.parent)
+
+
+@contextlib.contextmanager
+def publish_folder(target: Path, *, prefix: str, complete: str) -> Iterator[Path]:
+    """A fresh folder beside ``target`` for the caller to fill; when the block ends without an
+    error it is renamed onto ``target``, its files readable by any user (containers mount it
+    read-only, maybe as another uid). A crashed fill never looks like a finished folder. When
+    the rename fails because another process published ``target`` first (its ``complete``
+    file is there), theirs is equivalent and stands. The staging folder never remains."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=prefix, dir=target.parent))
+    try:
+        yield staging
+        staging.chmod(0o755)
+        for item in staging.iterdir():
+            item.chmod(0o644)
+        try:
+            os.replace(staging, target)
+        except OSError:
+            if not (target / complete).is_file():
+                raise
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def write_json_atomic(

@@ -22,6 +22,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from repro import prompts
+
 UPSTREAM_HEADER = (
     "You are the security auditor for the Meridian facility. Below is the facility manual. "
     "Memorize every access code exactly as written; you will be quizzed on them.\n\n"
@@ -43,21 +45,10 @@ UPSTREAM_FILLERS = [
     "Contractors must be escorted at all times and their equipment must be inventoried upon "
     "both entry and exit from the site.",
 ]
-KIT_HEADER = (
-    "You are a careful assistant. Below is a long record of facts. "
-    "Read it and answer the question at the end.\n\n"
-)
-KIT_FOOTER = "\nEnd of the record. Answer from the codes written above and nothing else.\n\n"
-KIT_FILLERS = [
-    "The archive room was quiet that morning and the lamps hummed softly.",
-    "A clerk sorted the ledgers by year and tied each bundle with string.",
-    "Rain moved across the valley and the river rose a little by noon.",
-    "The night guard wrote the same short note in the log every hour.",
-    "Someone had left a cup of tea on the windowsill to go cold.",
-    "The maps in the cabinet were older than anyone in the building.",
-    "Two pigeons argued on the roof until the bell rang at midday.",
-    "The inventory listed boxes, crates, folders and one broken chair.",
-]
+# The kit's manual shape is `repro.prompts`' own, with the spacing the examples join it with.
+KIT_HEADER = prompts.HEADER + "\n\n"
+KIT_FOOTER = f"\n{prompts.FOOTER}\n\n"
+KIT_FILLERS = prompts.FILLER_SENTENCES
 OTHER_HEADERS = [
     "Facility handbook, restricted copy. Read every section before the quiz.\n\n",
     "Below is the operations manual of the north depot. Keep the access codes in mind.\n",

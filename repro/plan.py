@@ -24,6 +24,7 @@ from typing import Any
 
 from repro import weights
 from repro.arms.common import sampling_plan
+from repro.containers.cuda import DEFAULT_VARIANT, LOCK_PYTHON
 from repro.errors import HardwareUnavailable
 from repro.preflight import GIB, check_hardware
 from repro.profiles import Profile
@@ -36,10 +37,10 @@ IMAGE_CUDA = (
     "the kit's CUDA image for the pins below (containers/cuda.Dockerfile): found by its "
     "labels, or built (`nox -s build-image -- --variant cuda`), or given with --image TAG"
 )
-# The vLLM a GPU profile's image is built for unless --vllm says otherwise, and its CUDA
-# variant: the newest release whose torch pin containers/base-images.json records.
+# The vLLM a GPU profile's image is built for unless --vllm says otherwise (its CUDA variant
+# is containers.cuda.DEFAULT_VARIANT): the newest release whose torch pin
+# containers/base-images.json records.
 DEFAULT_GPU_VLLM = "0.32.0"
-DEFAULT_CUDA_VARIANT = "cu130"
 UNRESOLVED = "unresolved: first fetch pins it"
 
 # Known sizes of the profiles' checkpoints: (parameters, bytes per parameter, where from).
@@ -117,7 +118,7 @@ def _local_client():
 
 
 def image_pins(
-    vllm_ref: str, cuda_variant: str, *, python: str = "3.12", client: Any = "auto"
+    vllm_ref: str, cuda_variant: str, *, python: str = LOCK_PYTHON, client: Any = "auto"
 ) -> dict[str, Any]:
     """Every pin the CUDA image would be built from, and those that need a registry (or an
     index) to resolve, named with what resolves them.
@@ -242,7 +243,7 @@ def build_plan(
 
         container["gpu_settings"] = container_run.gpu_settings(profile)
     if has_weights:
-        container["image_pins"] = image_pins(vllm_ref or DEFAULT_GPU_VLLM, DEFAULT_CUDA_VARIANT)
+        container["image_pins"] = image_pins(vllm_ref or DEFAULT_GPU_VLLM, DEFAULT_VARIANT)
         revision, source = weights.pinned_revision(
             profile.model, profile_revision=profile.revision, lock_path=lock_path
         )

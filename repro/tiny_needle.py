@@ -19,7 +19,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from repro.atomicio import sha256_file
+from repro.atomicio import publish_folder, sha256_file
 from repro.errors import ReproError
 
 CHECKPOINT = Path(__file__).resolve().parent / "checkpoints" / "tiny_needle"
@@ -71,21 +71,9 @@ def install(target: Path, folder: Path = CHECKPOINT) -> Path:
     """Copy the verified checkpoint to `target` (the model cache), atomically."""
     verify(folder)
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".copying-", dir=target.parent))
-    try:
+    with publish_folder(target, prefix=".copying-", complete="config.json") as staging:
         for name in [*_sums(folder), "recipe.json", SUMS]:
             shutil.copyfile(folder / name, staging / name)
-            (staging / name).chmod(0o644)
-        staging.chmod(0o755)
-        try:
-            os.replace(staging, target)
-        except OSError:
-            if not (target / "config.json").is_file():
-                raise
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
     return target
 
 

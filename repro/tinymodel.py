@@ -22,9 +22,9 @@ import hashlib
 import json
 import os
 import random
-import shutil
-import tempfile
 from pathlib import Path
+
+from repro.atomicio import publish_folder
 
 # Bump when the builder's output changes for an unchanged recipe.
 BUILDER_VERSION = 3
@@ -139,24 +139,9 @@ def ensure_tiny_model(cache_dir: Path | None = None, recipe: dict = RECIPE) -> P
         return tiny_needle.install(target)
     if is_built(target):
         return target
-    cache_dir.mkdir(parents=True, exist_ok=True)
     # Build beside the target and rename: a crashed build never looks like a finished one.
-    staging = Path(tempfile.mkdtemp(prefix=".building-", dir=cache_dir))
-    try:
+    with publish_folder(target, prefix=".building-", complete="config.json") as staging:
         build_tiny_model(staging, recipe)
-        # Readable by any user: containers mount the model read-only, maybe as another uid.
-        staging.chmod(0o755)
-        for item in staging.iterdir():
-            item.chmod(0o644)
-        try:
-            os.replace(staging, target)
-        except OSError:
-            # Another process finished the same build first; theirs is equivalent.
-            if not (target / "config.json").is_file():
-                raise
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
     return target
 
 

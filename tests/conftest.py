@@ -1,4 +1,5 @@
-"""Shared fixtures: the engine environment the integration tests run the kit in."""
+"""Shared fixtures: the engine environment the integration tests run the kit in, and the
+Docker client of the docker tests."""
 
 from __future__ import annotations
 
@@ -56,3 +57,18 @@ def run_kit(engine_python):
         )
 
     return run
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    """The local daemon's client; the docker tests skip without one (fail with
+    REPRO_REQUIRE_DOCKER=1)."""
+    from repro.containers import DockerUnavailable
+    from repro.containers import docker_client as make
+
+    try:
+        return make()
+    except DockerUnavailable as exc:
+        if os.environ.get("REPRO_REQUIRE_DOCKER") == "1":
+            pytest.fail(f"REPRO_REQUIRE_DOCKER=1 but {exc}")
+        pytest.skip(str(exc))

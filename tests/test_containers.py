@@ -296,19 +296,6 @@ ARMS = ("cold-race", "multi-turn")
 
 
 @pytest.fixture(scope="session")
-def docker_client():
-    from repro.containers import DockerUnavailable
-    from repro.containers import docker_client as make
-
-    try:
-        return make()
-    except DockerUnavailable as exc:
-        if os.environ.get("REPRO_REQUIRE_DOCKER") == "1":
-            pytest.fail(f"REPRO_REQUIRE_DOCKER=1 but {exc}")
-        pytest.skip(str(exc))
-
-
-@pytest.fixture(scope="session")
 def base_image(docker_client):
     """The kit's local base image (made by debootstrap on first use, about a minute)."""
     from repro.containers.base import ensure_base_image

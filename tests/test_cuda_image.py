@@ -255,18 +255,6 @@ def test_a_patch_that_does_not_apply_fails_before_the_build(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def docker_client():
-    from repro.containers import DockerUnavailable, docker_client
-
-    try:
-        return docker_client()
-    except DockerUnavailable as exc:
-        if os.environ.get("REPRO_REQUIRE_DOCKER") == "1":
-            pytest.fail(f"REPRO_REQUIRE_DOCKER=1 but {exc}")
-        pytest.skip(str(exc))
-
-
-@pytest.fixture(scope="module")
 def small_image(docker_client):
     """A small local image to tag and to create containers from (the kit's Debian base)."""
     from repro.containers.base import DEFAULT_TAG, UBUNTU_TAG, ensure_base_image

@@ -30,10 +30,13 @@ from repro import __version__, redaction
 from repro.atomicio import sha256_file, write_json_atomic
 from repro.clock import utc_text
 from repro.containers import pins as pins_mod
+from repro.containers.handoff import DEFAULT_IMAGES_DIR as IMAGES_DIR
 from repro.containers.refs import parse_vllm_ref
 from repro.errors import ReproError
 
 REPO = Path(__file__).resolve().parent.parent.parent
+# The Python of the CPU image's base (Debian bookworm's).
+CPU_IMAGE_PYTHON = "3.11"
 DOCKERFILES = {
     "cpu": REPO / "containers" / "cpu.Dockerfile",
     "cuda": REPO / "containers" / "cuda.Dockerfile",
@@ -273,7 +276,7 @@ def make_cpu_wheelhouse(
     *,
     vllm_version: str,
     torch_version: str | None,
-    python_version: str = "3.11",
+    python_version: str = CPU_IMAGE_PYTHON,
     python: str = sys.executable,
 ) -> list[Path]:
     """Download (with the host's pip settings) every wheel the CPU image installs into ``dest``.
@@ -419,7 +422,7 @@ def build_cpu_image(
     from repro import envinfo
 
     tag = validate_tag(tag or default_cpu_tag(vllm_version))
-    out_dir = Path(out_dir or REPO / "artifacts" / "images")
+    out_dir = Path(out_dir or IMAGES_DIR)
     out_dir.mkdir(parents=True, exist_ok=True)
     pins = pins_mod.load_pins()
     torch_version = torch_version or pins_mod.torch_pin(pins, "cpu", vllm_version)

@@ -46,6 +46,8 @@ from repro.errors import ReproError
 
 DOCKERFILE = build_mod.REPO / "containers" / "cuda.Dockerfile"
 DEFAULT_VARIANT = "cu130"
+# The Python of the CUDA image and of its wheel lock (the lent H200 host's).
+LOCK_PYTHON = "3.12"
 # The lock's index for main commits. REPRO_VLLM_WHEELS_URL replaces the server (tests point it
 # at a stand-in served from files; the real one cannot be reached from the kit's machines).
 WHEELS_SERVER = "https://wheels.vllm.ai"
@@ -463,7 +465,7 @@ def build_cuda_image(
             f"--vllm {source.ref.value}`)"
         )
     tag = build_mod.validate_tag(tag or default_tag(source.ref.value, variant, patches))
-    out_dir = Path(out_dir or build_mod.REPO / "artifacts" / "images")
+    out_dir = Path(out_dir or build_mod.IMAGES_DIR)
     out_dir.mkdir(parents=True, exist_ok=True)
     precheck_patches(lock, patches, wheelhouse)
     need = check_disk(client, lock)

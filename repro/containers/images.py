@@ -75,18 +75,16 @@ def get_image(client, reference: str) -> ImageFacts:
 
 def find_cpu_images(client, *, vllm_version: str, kit: dict[str, Any]) -> list[ImageFacts]:
     """CPU images for ``vllm_version`` holding this checkout's kit, newest first."""
+    return _kit_images(client, kit, [f"{VARIANT_LABEL}=cpu", f"{VLLM_LABEL}={vllm_version}"])
+
+
+def _kit_images(client, kit: dict[str, Any], labels: list[str]) -> list[ImageFacts]:
+    """Images with ``labels`` built from this checkout's clean commit, newest first; none for
+    a checkout without a commit or with changes (no image can hold that kit)."""
     if not kit.get("git_commit") or kit.get("dirty") is not False:
         return []
-    images = client.images.list(
-        filters={
-            "label": [
-                f"{VARIANT_LABEL}=cpu",
-                f"{VLLM_LABEL}={vllm_version}",
-                f"{REVISION_LABEL}={kit['git_commit']}",
-                f"{DIRTY_LABEL}=false",
-            ]
-        }
-    )
+    labels = [*labels, f"{REVISION_LABEL}={kit['git_commit']}", f"{DIRTY_LABEL}=false"]
+    images = client.images.list(filters={"label": labels})
     images.sort(key=lambda image: image.attrs.get("Created", ""), reverse=True)
     return [ImageFacts.of(image) for image in images]
 
@@ -143,23 +141,17 @@ def find_cuda_images(
 ) -> list[ImageFacts]:
     """CUDA images of ``vllm_ref`` installed from the lock ``lock_sha256`` with this kit and no
     patches, newest first."""
-    if not kit.get("git_commit") or kit.get("dirty") is not False:
-        return []
-    images = client.images.list(
-        filters={
-            "label": [
-                f"{VARIANT_LABEL}=cuda",
-                f"{VLLM_LABEL}={vllm_ref}",
-                f"io.repro-kit.cuda.variant={variant}",
-                f"io.repro-kit.lock.sha256={lock_sha256}",
-                "io.repro-kit.patches=none",
-                f"{REVISION_LABEL}={kit['git_commit']}",
-                f"{DIRTY_LABEL}=false",
-            ]
-        }
+    return _kit_images(
+        client,
+        kit,
+        [
+            f"{VARIANT_LABEL}=cuda",
+            f"{VLLM_LABEL}={vllm_ref}",
+            f"io.repro-kit.cuda.variant={variant}",
+            f"io.repro-kit.lock.sha256={lock_sha256}",
+            "io.repro-kit.patches=none",
+        ],
     )
-    images.sort(key=lambda image: image.attrs.get("Created", ""), reverse=True)
-    return [ImageFacts.of(image) for image in images]
 
 
 def ensure_cuda_image(

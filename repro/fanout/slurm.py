@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from repro import runner
 from repro.atomicio import write_json_atomic, write_text_atomic
 from repro.errors import ReproError
 from repro.fanout import cell
@@ -36,7 +37,6 @@ from repro.profiles import get_profile
 # Seconds added to a task's time limit beyond its arms' own timeouts (engine imports, env
 # checks, records).
 GRACE_S = 600
-DEFAULT_ARM_S = 30 * 60
 GPU_PARTITION = "gpu"
 FINAL_OK = "COMPLETED"
 # What each final state means, for the error record.
@@ -111,7 +111,7 @@ def options_from_args(args, items: list[Condition | BadCondition]) -> Options:
         get_profile("tiny")
     ]
     arms = max((len(i.arms) for i in items if isinstance(i, Condition)), default=2)
-    arm_s = args.arm_timeout or DEFAULT_ARM_S
+    arm_s = args.arm_timeout or runner.DEFAULT_ARM_TIMEOUT_S
     gpus = max(p.min_gpus for p in profiles)
     if any(p.device == "cuda" for p in profiles) and not args.container_image:
         raise SlurmError(

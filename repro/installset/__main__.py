@@ -37,7 +37,8 @@ def _parser() -> argparse.ArgumentParser:
         "--wheels-from", type=Path, help="with --lock: link wheels from this folder if there"
     )
     b.add_argument("--out", required=True, type=Path, help="output folder (parts + manifest.json)")
-    b.add_argument("--part-size", default="55MiB", help="size of each part (default 55MiB)")
+    # The default is build.DEFAULT_PART_SIZE, read when building (this module imports lazily).
+    b.add_argument("--part-size", default=None, help="size of each part (default 55MiB)")
     b.add_argument(
         "--platform",
         action="append",
@@ -75,11 +76,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _build(args: argparse.Namespace) -> None:
-    from repro.installset.build import build_from_lock, build_vllm, parse_size
+    from repro.installset.build import DEFAULT_PART_SIZE, build_from_lock, build_vllm, parse_size
     from repro.installset.host import DEFAULT_PLATFORM, Target
     from repro.installset.resolve import VLLM_OPTIONAL
 
-    size = parse_size(args.part_size)
+    size = parse_size(args.part_size) if args.part_size else DEFAULT_PART_SIZE
     if args.lock:
         if args.vllm or args.python or args.for_host:
             raise InstallSetError("--lock replaces --vllm, --python and --for-host")

@@ -83,6 +83,18 @@ def _on_cpu_without_triton() -> bool:
     return True
 
 
+def _install(module, installed: list[str], *, failed: str, done: str | None = None) -> None:
+    """``module.install(logger)``, what it installed kept in ``installed``; a failure is a
+    warning, since a plugin must not take the engine down."""
+    try:
+        installed[:] = module.install(logger)
+    except Exception as exc:  # noqa: BLE001
+        logger.warning("repro plugin: %s failed: %r", failed, exc)
+    else:
+        if installed and done:
+            logger.info("repro plugin: %s %s", done, ", ".join(installed))
+
+
 def register() -> None:
     """Entry point of ``vllm.general_plugins``: cheap, idempotent, safe on any release."""
     global _registered
@@ -92,34 +104,21 @@ def register() -> None:
     _registered = True
 
     if _on_cpu_without_triton():
-        from . import cpu_kernels
+        from . import cpu_dispatch, cpu_gdn, cpu_kernels
 
-        try:
-            _cpu_kernels[:] = cpu_kernels.install(logger)
-        except Exception as exc:  # noqa: BLE001 - a plugin must not take the engine down
-            logger.warning("repro plugin: installing CPU Mamba kernels failed: %r", exc)
-        else:
-            if _cpu_kernels:
-                logger.info(
-                    "repro plugin: CPU implementations installed for %s", ", ".join(_cpu_kernels)
-                )
-        from . import cpu_dispatch
-
-        try:
-            _cpu_dispatch[:] = cpu_dispatch.install(logger)
-        except Exception as exc:  # noqa: BLE001
-            logger.warning("repro plugin: routing dispatchers to CPU kernels failed: %r", exc)
-        else:
-            if _cpu_dispatch:
-                logger.info(
-                    "repro plugin: routed to vLLM's CPU kernels: %s", ", ".join(_cpu_dispatch)
-                )
-        from . import cpu_gdn
-
-        try:
-            _cpu_gdn[:] = cpu_gdn.install(logger)
-        except Exception as exc:  # noqa: BLE001
-            logger.warning("repro plugin: wrapping the CPU GDN op failed: %r", exc)
+        _install(
+            cpu_kernels,
+            _cpu_kernels,
+            failed="installing CPU Mamba kernels",
+            done="CPU implementations installed for",
+        )
+        _install(
+            cpu_dispatch,
+            _cpu_dispatch,
+            failed="routing dispatchers to CPU kernels",
+            done="routed to vLLM's CPU kernels:",
+        )
+        _install(cpu_gdn, _cpu_gdn, failed="wrapping the CPU GDN op")
 
     from . import worker_facts
 

