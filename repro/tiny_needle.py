@@ -1,9 +1,11 @@
 """The trained tiny NemotronH needle model: its committed checkpoint, checked before use.
 
 `repro.needle_train` trains it on a GPU in about five minutes; CI's two cores cannot, so the
-checkpoint it wrote is committed under `repro/checkpoints/tiny_needle/` (5.5 MB, bf16, the one
-exception to "no weights in git") with the recipe it was trained from (`recipe.json`: recipe,
-trainer version, digest, held-out recall) and a `SHA256SUMS` of every other file.
+checkpoint it wrote is committed under `repro/checkpoints/tiny_needle/` (the one exception to
+"no weights in git") with the recipe it was trained from (`recipe.json`: recipe, trainer
+version, digest, held-out recall) and a `SHA256SUMS` of every other file. The weights (5.5 MB,
+bf16) are committed xz-compressed (3.9 MB: the repository tracks no file over 5 MiB);
+`SHA256SUMS` names the file as trained, and `install` unpacks it into the model cache.
 
 Before a run uses it, `verify` re-hashes every file and checks that the recipe in the
 checkpoint is the trainer's current one: a checkpoint left behind by a changed recipe, trainer
@@ -14,17 +16,36 @@ or data is refused, with the command that rebuilds it (`python -m repro train-ti
 from __future__ import annotations
 
 import json
+import lzma
 import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import BinaryIO
 
-from repro.atomicio import publish_folder, sha256_file
+from repro.atomicio import publish_folder, sha256_stream
 from repro.errors import ReproError
 
 CHECKPOINT = Path(__file__).resolve().parent / "checkpoints" / "tiny_needle"
 SUMS = "SHA256SUMS"
 FAMILY = "nemotron-h-needle"
+# Committed compressed (the repository's 5 MiB limit per file); named as trained elsewhere.
+PACKED = ("model.safetensors",)
+PACKED_SUFFIX = ".xz"
+
+
+def open_file(folder: Path, name: str) -> BinaryIO:
+    """A checkpoint file, as trained, whether it is kept packed (`PACKED`) or plain."""
+    plain = Path(folder) / name
+    packed = plain.with_name(name + PACKED_SUFFIX)
+    if not plain.is_file() and packed.is_file():
+        return lzma.open(packed, "rb")
+    return open(plain, "rb")
+
+
+def read_bytes(name: str, folder: Path = CHECKPOINT) -> bytes:
+    with open_file(folder, name) as handle:
+        return handle.read()
 
 
 def _sums(folder: Path) -> dict[str, str]:
@@ -44,7 +65,13 @@ def verify(folder: Path = CHECKPOINT) -> dict:
         )
     for name, want in _sums(folder).items():
         path = folder / name
-        got = sha256_file(path) if path.is_file() else "missing"
+        try:
+            with open_file(folder, name) as handle:
+                got = sha256_stream(handle)[0]
+        except FileNotFoundError:
+            got = "missing"
+        except (lzma.LZMAError, EOFError) as exc:  # corrupt or cut short
+            got = f"unreadable ({exc})"
         if got != want:
             raise ReproError(
                 f"needle checkpoint file {path}: sha256 {got}, expected {want} ({SUMS}); "
@@ -72,9 +99,26 @@ def install(target: Path, folder: Path = CHECKPOINT) -> Path:
     verify(folder)
     target = Path(target)
     with publish_folder(target, prefix=".copying-", complete="config.json") as staging:
-        for name in [*_sums(folder), "recipe.json", SUMS]:
+        for name in _sums(folder):
+            with open_file(folder, name) as src, open(staging / name, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        for name in ("recipe.json", SUMS):
             shutil.copyfile(folder / name, staging / name)
     return target
+
+
+def _pack(folder: Path) -> None:
+    """Compress the `PACKED` files in place, for the checkpoint kept in git."""
+    for name in PACKED:
+        plain = folder / name
+        with (
+            open(plain, "rb") as src,
+            lzma.open(
+                plain.with_name(name + PACKED_SUFFIX), "wb", preset=9 | lzma.PRESET_EXTREME
+            ) as dst,
+        ):
+            shutil.copyfileobj(src, dst)
+        plain.unlink()
 
 
 def retrain(out: Path | None = None, *, device: str | None = None) -> Path:
@@ -95,6 +139,8 @@ def retrain(out: Path | None = None, *, device: str | None = None) -> Path:
             device=device or needle_train.default_device(),
         )
         # train() wrote recipe.json and SHA256SUMS beside the weights.
+        if target == CHECKPOINT:
+            _pack(staging)
         if target.exists():
             shutil.rmtree(target)
         os.replace(staging, target)

@@ -31,6 +31,27 @@ def test_checkpoint_is_small_verified_and_from_the_current_recipe():
     assert record["metrics"]["steps_done"] == needle_train.RECIPE["steps"]
 
 
+def test_no_committed_file_passes_5_mib_and_the_installed_weights_are_the_trained_ones(tmp_path):
+    assert all(p.stat().st_size <= 5 * 2**20 for p in tiny_needle.CHECKPOINT.iterdir())
+    installed = tiny_needle.install(tmp_path / "model")
+    want = tiny_needle._sums(tiny_needle.CHECKPOINT)["model.safetensors"]
+    assert hashlib.sha256((installed / "model.safetensors").read_bytes()).hexdigest() == want
+    assert not (installed / "model.safetensors.xz").exists()
+    assert tiny_needle.verify(installed)["digest"] == needle_train.recipe_digest()
+
+
+def test_changed_packed_weights_are_refused(tmp_path):
+    copy = tmp_path / "ckpt"
+    shutil.copytree(tiny_needle.CHECKPOINT, copy)
+    packed = copy / "model.safetensors.xz"
+    packed.write_bytes(packed.read_bytes()[:-100])
+    with pytest.raises(ReproError, match="model.safetensors: sha256 unreadable"):
+        tiny_needle.verify(copy)
+    packed.unlink()
+    with pytest.raises(ReproError, match="model.safetensors: sha256 missing"):
+        tiny_needle.verify(copy)
+
+
 def test_a_changed_file_or_recipe_is_refused(tmp_path):
     copy = tmp_path / "ckpt"
     shutil.copytree(tiny_needle.CHECKPOINT, copy)
@@ -53,27 +74,27 @@ def test_tokenizer_is_rebuilt_identically_from_the_recipe(tmp_path):
 
 
 def _load(silence_mamba: bool = False):
-    from safetensors.torch import load_file
+    from safetensors.torch import load
 
     from repro.needle_model import NeedleNemotronH
 
     config = json.loads((tiny_needle.CHECKPOINT / "config.json").read_text())
     model = NeedleNemotronH(needle_train.RECIPE, config["vocab_size"]).float().eval()
-    state = load_file(str(tiny_needle.CHECKPOINT / "model.safetensors"))
+    state = load(tiny_needle.read_bytes("model.safetensors"))
     model.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
     model.silence_mamba(silence_mamba)
     return model, config
 
 
 def test_training_model_computes_what_transformers_nemotron_h_computes():
-    from safetensors.torch import load_file
+    from safetensors.torch import load
     from transformers import NemotronHConfig, NemotronHForCausalLM
 
     model, config = _load()
     reference = NemotronHForCausalLM(
         NemotronHConfig(**{k: v for k, v in config.items() if k != "architectures"})
     ).float()
-    state = load_file(str(tiny_needle.CHECKPOINT / "model.safetensors"))
+    state = load(tiny_needle.read_bytes("model.safetensors"))
     # transformers 5 names the backbone `model.`; the MTP layer is vLLM's alone.
     renamed = {
         k.replace("backbone.", "model.", 1): v.float()
