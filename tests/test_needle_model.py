@@ -40,6 +40,17 @@ def test_no_committed_file_passes_5_mib_and_the_installed_weights_are_the_traine
     assert tiny_needle.verify(installed)["digest"] == needle_train.recipe_digest()
 
 
+def test_packing_a_retrained_checkpoint_keeps_the_weights_as_trained(tmp_path):
+    """What `retrain` does to the checkpoint kept in git, on a plain copy of it."""
+    plain = tiny_needle.install(tmp_path / "plain")
+    trained = (plain / "model.safetensors").read_bytes()
+    tiny_needle._pack(plain)
+    assert not (plain / "model.safetensors").exists()
+    assert (plain / "model.safetensors.xz").stat().st_size <= 5 * 2**20
+    assert tiny_needle.read_bytes("model.safetensors", plain) == trained
+    assert tiny_needle.verify(plain)["digest"] == needle_train.recipe_digest()
+
+
 def test_changed_packed_weights_are_refused(tmp_path):
     copy = tmp_path / "ckpt"
     shutil.copytree(tiny_needle.CHECKPOINT, copy)
