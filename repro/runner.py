@@ -16,11 +16,9 @@ in a fresh engine process: a run never ends without a record per arm.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import queue
-import re
 import secrets
 import subprocess
 import sys
@@ -30,46 +28,27 @@ import traceback
 from pathlib import Path
 from typing import Any, NoReturn
 
-from repro import (
-    engine_env,
-    envinfo,
-    evidence,
-    gpu_host,
-    grading,
-    patching,
-    progress,
-    redaction,
-)
+from repro import engine_env, evidence, gpu_host, grading, progress, redaction
 from repro.artifact import (
     ArtifactContainsSecrets,
     ArtifactInvalid,
-    redact_env,
     require_validation,
     write_artifact,
 )
-from repro.atomicio import sha256_file, write_json_atomic
+from repro.atomicio import sha256_file, write_json_atomic, write_text_atomic
+from repro.clock import utc_compact, utc_text
 from repro.errors import FiguresUnreadable, NotEvidence, ReproError, ValidationUnavailable
 from repro.gpu_host import GPU_HOST_ENV
-from repro.profiles import MODEL_PROFILE_NAME, Profile, for_model, get_profile
+from repro.profiles import Profile
+from repro.runcontext import FACTS_FILE, Environment, RunContext
 
 FAULT_ENV = "REPRO_INJECT_FAULT"
-# Set by the host for a run in one of the kit's images (repro/containers/run.py): the image's
-# id and labels as JSON. A process inside a container cannot see its own image.
-IMAGE_ENV = "REPRO_IMAGE"
-# Written by a run inside a container before its first arm: the facts of the image's
-# environment, which the host needs for an `error` record if the container dies mid-run.
-FACTS_FILE = ".container-facts.json"
 DEFAULT_FAULT_KIND = "restored-state-noise"
 DEFAULT_ARM_TIMEOUT_S = 30 * 60
 
 
-def utc_now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
 def new_run_id() -> str:
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    return f"{stamp}-{secrets.token_hex(3)}"
+    return f"{utc_compact()}-{secrets.token_hex(3)}"
 
 
 def default_out_dir(run_id: str) -> Path:
@@ -96,10 +75,9 @@ def run_profile(
     (out_dir / "logs").mkdir(exist_ok=True)
     run_id = new_run_id()
     if os.environ.get("REPRO_IN_CONTAINER") == "1":
-        facts = _facts({})
-        write_json_atomic(out_dir / FACTS_FILE, {k: facts[k] for k in CONTAINER_FACTS})
+        write_text_atomic(out_dir / FACTS_FILE, Environment.here().to_json())
     contexts = {
-        arm: arm_context(
+        arm: RunContext.new(
             run_id=run_id,
             arm=arm,
             command=command or ["python", "-m", "repro", *sys.argv[1:]],
@@ -118,46 +96,6 @@ def run_profile(
             # Each engine process leaves at least one record: the loop always ends.
             documents.update(_run_engine_process(pending, contexts, out_dir, arm_timeout_s, screen))
     return {arm: documents[arm] for arm in arms}
-
-
-def arm_context(
-    *,
-    run_id: str,
-    arm: str,
-    command: list[str],
-    profile: Profile,
-    model_path: str,
-    overrides: dict[str, Any],
-    fault_kind: str | None,
-) -> dict[str, Any]:
-    """What one arm's child (or a record written for it) needs to know about the run."""
-    return {
-        "run_id": f"{run_id}-{arm}",
-        "started_at": utc_now(),
-        "command": command,
-        "kit": _kit(),
-        "profile": profile.name,
-        "device": profile.device,
-        # A model without a profile is rebuilt from these in the arm's process.
-        "model": profile.model,
-        "tensor_parallel_size": profile.tensor_parallel_size,
-        "model_path": model_path,
-        "overrides": overrides,
-        "fault_kind": fault_kind,
-    }
-
-
-def _kit() -> dict[str, Any]:
-    """The kit's facts; inside an image, the commit its kit was copied from (its labels)."""
-    kit = envinfo.collect_kit(os.environ.get("REPRO_KIT_CHECKOUT"))
-    image = image_from_env()
-    if kit["git_commit"] is None and image is not None:
-        labels = image["labels"]
-        commit = labels.get("org.opencontainers.image.revision", "")
-        if re.fullmatch(r"[0-9a-f]{40}", commit):
-            dirty = labels.get("io.repro-kit.dirty")
-            kit = {**kit, "git_commit": commit, "dirty": {"true": True, "false": False}.get(dirty)}
-    return kit
 
 
 class OutputNotWritable(ReproError, PermissionError):
@@ -241,7 +179,7 @@ def engine_process_env(base, *, device: str, fault_kind: str | None) -> dict[str
 
 def _run_engine_process(
     arms: list[str],
-    contexts: dict[str, dict[str, Any]],
+    contexts: dict[str, RunContext],
     out_dir: Path,
     timeout_s: float,
     screen,
@@ -254,7 +192,7 @@ def _run_engine_process(
     for arm in arms:
         (out_dir / f".{arm}.partial.json").unlink(missing_ok=True)
     env = engine_process_env(
-        os.environ, device=contexts[arms[0]]["device"], fault_kind=contexts[arms[0]]["fault_kind"]
+        os.environ, device=contexts[arms[0]].device, fault_kind=contexts[arms[0]].fault_kind
     )
     cmd = [sys.executable, "-m", "repro", "arms", "--arms", *arms, "--out", str(out_dir)]
     current = arms[0]
@@ -284,7 +222,8 @@ def _run_engine_process(
         raise
     try:
         try:
-            proc.stdin.write(json.dumps({arm: contexts[arm] for arm in arms}) + "\n")
+            # One JSON line: each arm's context in its own encoding (RunContext.to_json).
+            proc.stdin.write(json.dumps({arm: contexts[arm].to_json() for arm in arms}) + "\n")
             proc.stdin.close()
         except BrokenPipeError:
             pass  # it died already (e.g. vLLM does not import): recorded below
@@ -301,7 +240,7 @@ def _run_engine_process(
             kind = event.get("event")
             if kind == "arm" and event.get("arm") in arms:
                 current = event["arm"]
-                contexts[current] = {**contexts[current], "started_at": event["started_at"]}
+                contexts[current] = contexts[current].started(event["started_at"])
             screen.event(current, event)
             if kind == "arm_done" and event.get("arm") == current:
                 elapsed = time.monotonic() - arm_started
@@ -333,7 +272,7 @@ def _run_engine_process(
 
 
 def _finish_record(
-    arm: str, context: dict[str, Any], out_dir: Path, elapsed: float, event: dict[str, Any]
+    arm: str, context: RunContext, out_dir: Path, elapsed: float, event: dict[str, Any]
 ) -> dict[str, Any]:
     """The final artifact of an arm the engine process finished: its log added, validated."""
     if event.get("outcome") != "written":
@@ -353,7 +292,7 @@ def _finish_record(
 
 
 def _crash_record(
-    arm: str, context: dict[str, Any], out_dir: Path, what: str, elapsed: float
+    arm: str, context: RunContext, out_dir: Path, what: str, elapsed: float
 ) -> dict[str, Any]:
     """An `error` record for an arm that left no valid document; its figures are kept."""
     log_rel = f"logs/{arm}.log"
@@ -383,11 +322,11 @@ def log_entry(out_dir: Path, rel: str) -> dict[str, Any]:
 def write_error_record(
     *,
     arm: str,
-    context: dict[str, Any],
+    context: RunContext,
     what: str,
     out_dir: Path,
     logs: list[str],
-    facts: dict[str, Any] | None = None,
+    environment: Environment | None = None,
     error_type: str = "ArmProcessFailed",
     phase: str = "arm",
     duration_s: float = 0.0,
@@ -395,13 +334,13 @@ def write_error_record(
     """Write ``<arm>.json`` as an `error` record saying ``what`` happened; return it.
 
     ``logs`` are paths relative to ``out_dir`` (missing ones are left out; the first one that
-    exists gives the message its last lines). ``facts`` replace this process's own facts where
+    exists gives the message its last lines). ``environment`` replaces this process's own where
     the run happened elsewhere (a container: see FACTS_FILE).
     """
     kept = [rel for rel in logs if (out_dir / rel).is_file()]
     tail_of = out_dir / kept[0] if kept else out_dir / "logs" / "missing.log"
     doc = _crash_document(
-        arm, context, what, tail_of, facts=facts, error_type=error_type, phase=phase
+        arm, context, what, tail_of, environment=environment, error_type=error_type, phase=phase
     )
     doc["logs"] = [log_entry(out_dir, rel) for rel in kept]
     doc["run"]["duration_s"] = round(duration_s, 3)
@@ -420,21 +359,19 @@ def _write_crash_record(doc: dict[str, Any], path: Path) -> dict[str, Any]:
 
 def _crash_document(
     arm: str,
-    context: dict[str, Any],
+    context: RunContext,
     what: str,
     log_path: Path,
     *,
-    facts: dict[str, Any] | None = None,
+    environment: Environment | None = None,
     error_type: str = "ArmProcessFailed",
     phase: str = "arm",
 ) -> dict:
-    profile = _profile(context)
     doc = evidence.base_document(
         arm=arm,
-        context={**context, **facts} if facts else _facts(context),
-        profile=profile,
-        model_path=context["model_path"],
-        fault_kind=context["fault_kind"],
+        context=context,
+        environment=environment or context.environment or Environment.here(),
+        profile=context.resolve_profile(),
     )
     tail = _tail(log_path)
     doc["error"] = {
@@ -447,7 +384,7 @@ def _crash_document(
         "gate": None,
         "reason": f"{what}; see {log_path.name}",
     }
-    doc["run"]["finished_at"] = utc_now()
+    doc["run"]["finished_at"] = utc_text()
     return doc
 
 
@@ -458,74 +395,6 @@ def _tail(path: Path, lines: int = 15) -> str:
     except OSError:
         return "(no log)"
     return redaction.redact("\n".join(text.splitlines()[-lines:]))
-
-
-def _profile(context: dict[str, Any]) -> Profile:
-    if context["profile"] == MODEL_PROFILE_NAME:
-        return for_model(context["model"], tensor_parallel_size=context["tensor_parallel_size"])
-    return get_profile(context["profile"]).for_device(context["device"])
-
-
-# The facts of _facts() that belong to the environment, not to one arm.
-CONTAINER_FACTS = (
-    "hardware",
-    "software",
-    "location",
-    "environment",
-    "vllm_version",
-    "vllm_distribution",
-    "vllm_commit",
-    "patches",
-)
-
-
-def _facts(context: dict[str, Any]) -> dict[str, Any]:
-    """Context plus the facts of this interpreter's environment and machine."""
-    software = envinfo.collect_software()
-    vllm_pkg = software["packages"].get("vllm")
-    return {
-        **context,
-        "hardware": envinfo.collect_hardware(),
-        "software": software,
-        "location": envinfo.run_location(image_from_env()),
-        "environment": redact_env(),
-        "vllm_version": vllm_pkg or "not installed",
-        "vllm_distribution": software["distributions"].get("vllm") or "vllm",
-        "vllm_commit": envinfo.vllm_commit(),
-        "patches": patching.applied_patches(),
-    }
-
-
-def image_from_env() -> dict[str, Any] | None:
-    """The image this run is in (id and labels), as the host passed it; None on a host.
-
-    Only read inside one of the kit's images (REPRO_IN_CONTAINER=1): a stray REPRO_IMAGE on a
-    host must not turn a host run into a claimed container run. Malformed values are refused
-    by name, since a record with a wrong image id would be worse than none.
-    """
-    raw = os.environ.get(IMAGE_ENV)
-    if os.environ.get("REPRO_IN_CONTAINER") != "1" or not raw:
-        return None
-    try:
-        image = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ReproError(
-            f"{IMAGE_ENV} is not JSON ({exc}); it is set by `--container` runs"
-        ) from exc
-    if (
-        not isinstance(image, dict)
-        or not re.fullmatch(r"sha256:[0-9a-f]{64}", str(image.get("id")))
-        or not isinstance(image.get("labels"), dict)
-    ):
-        raise ReproError(
-            f'{IMAGE_ENV} must be {{"id": "sha256:<64 hex>", "labels": {{...}}}}, got {raw[:200]!r}'
-        )
-    found = {"id": image["id"], "labels": {str(k): str(v) for k, v in image["labels"].items()}}
-    if isinstance(image.get("tags"), list):
-        found["tags"] = [str(t) for t in image["tags"]]
-    if re.fullmatch(r"[0-9a-f]{64}", str(image.get("archive_sha256", ""))):
-        found["archive_sha256"] = image["archive_sha256"]
-    return found
 
 
 # --- child -------------------------------------------------------------------------------
@@ -542,16 +411,16 @@ def run_arms_in_this_process(arms: list[str], out_dir: Path) -> NoReturn:
     line = sys.stdin.readline()
     if not line:
         os._exit(3)  # the parent refused the run (or is gone): nothing to do
-    contexts = json.loads(line)
+    contexts = {arm: RunContext.from_json(text) for arm, text in json.loads(line).items()}
     # This environment's facts, as every arm records them: taken once, before any engine.
-    environment = _facts({})
+    environment = Environment.here()
     for index, arm in enumerate(arms):
-        context = {**contexts[arm], "started_at": utc_now()}
-        progress.emit("arm", arm=arm, started_at=context["started_at"])
+        context = contexts[arm].started(utc_text()).with_environment(environment)
+        progress.emit("arm", arm=arm, started_at=context.started_at)
         outcome, message = "written", None
         try:
             phases = {"import": import_s} if index == 0 else {}
-            _run_one_arm(arm, {**environment, **context}, out_dir, phases)
+            _run_one_arm(arm, context, out_dir, phases)
         except Exception as exc:  # noqa: BLE001 - e.g. the document could not be written
             traceback.print_exc()
             outcome, message = "failed", f"{type(exc).__name__}: {exc}"
@@ -580,21 +449,16 @@ def _import_engine() -> float:
     return time.perf_counter() - started
 
 
-def _run_one_arm(arm: str, facts: dict[str, Any], out_dir: Path, phases: dict) -> None:
+def _run_one_arm(arm: str, context: RunContext, out_dir: Path, phases: dict) -> None:
     """Run one arm and write `.<arm>.partial.json` (without its `logs` section).
 
-    `facts` is the arm's context with this environment's facts (`_facts`)."""
+    `context` carries this environment's facts (`RunContext.with_environment`)."""
     from repro.arms import ARM_RUNNERS
     from repro.arms.common import PhaseTimer
 
-    profile = _profile(facts).with_overrides(facts["overrides"])
-    doc = evidence.base_document(
-        arm=arm,
-        context=facts,
-        profile=profile,
-        model_path=facts["model_path"],
-        fault_kind=facts["fault_kind"],
-    )
+    environment = context.environment or Environment.here()
+    profile = context.resolve_profile().with_overrides(context.overrides)
+    doc = evidence.base_document(arm=arm, context=context, environment=environment, profile=profile)
     timer = PhaseTimer()
     for name, seconds in phases.items():
         timer.add(name, seconds)
@@ -602,7 +466,7 @@ def _run_one_arm(arm: str, facts: dict[str, Any], out_dir: Path, phases: dict) -
     started = time.monotonic()
     phase = "arm"
     try:
-        result = ARM_RUNNERS[arm](profile, facts["model_path"], timer)
+        result = ARM_RUNNERS[arm](profile, context.model_path, timer)
         phase = "grading"
         progress.emit("phase", name="grading")
         verdict = grading.grade(
@@ -614,18 +478,18 @@ def _run_one_arm(arm: str, facts: dict[str, Any], out_dir: Path, phases: dict) -
             rules=grading.RULES_UPSTREAM,
             require_hits=grading.requires_hits(arm, grading.RULES_UPSTREAM),
         )
-        evidence.fill_result(doc, result, verdict, context=facts, overrides=facts["overrides"])
+        evidence.fill_result(doc, result, verdict, context=context, environment=environment)
         doc["run"]["phases_s"] = {k: round(v, 3) for k, v in timer.seconds.items()}
         _check_fault_active(doc, faults_before)
     except NotEvidence as exc:
         doc["engine"] = evidence.engine_section(
-            context=facts, apc=None, control=None, overrides=facts["overrides"]
+            context=context, environment=environment, apc=None, control=None
         )
         doc["verdict"] = {"status": "inconclusive", "gate": exc.gate, "reason": str(exc)}
     except Exception as exc:  # noqa: BLE001 - any failure must still leave a record
         traceback.print_exc()
         doc["engine"] = evidence.engine_section(
-            context=facts, apc=None, control=None, overrides=facts["overrides"]
+            context=context, environment=environment, apc=None, control=None
         )
         doc["error"] = {"type": type(exc).__name__, "message": str(exc), "phase": phase}
         doc["verdict"] = {
@@ -633,7 +497,7 @@ def _run_one_arm(arm: str, facts: dict[str, Any], out_dir: Path, phases: dict) -
             "gate": None,
             "reason": f"{type(exc).__name__} during {phase}: {exc}",
         }
-    doc["run"]["finished_at"] = utc_now()
+    doc["run"]["finished_at"] = utc_text()
     doc["run"]["duration_s"] = round(time.monotonic() - started, 3)
     # The parent validates it: figures that fail validation are kept beside its error record.
     progress.emit("phase", name="writing the record")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from repro import runcontext
 from repro.containers import build, pins
 from repro.containers.refs import InvalidRef, parse_vllm_ref
 from repro.errors import ReproError
@@ -170,22 +171,20 @@ IMAGE_FACTS = {"id": "sha256:" + "cd" * 32, "labels": {"io.repro-kit.variant": "
 
 
 def test_image_facts_are_read_only_inside_a_container(monkeypatch):
-    from repro import runner
 
-    monkeypatch.setenv(runner.IMAGE_ENV, json.dumps(IMAGE_FACTS))
+    monkeypatch.setenv(runcontext.IMAGE_ENV, json.dumps(IMAGE_FACTS))
     monkeypatch.delenv("REPRO_IN_CONTAINER", raising=False)
-    assert runner.image_from_env() is None  # a stray variable on a host claims nothing
+    assert runcontext.image_from_env() is None  # a stray variable on a host claims nothing
     monkeypatch.setenv("REPRO_IN_CONTAINER", "1")
-    assert runner.image_from_env() == IMAGE_FACTS
+    assert runcontext.image_from_env() == IMAGE_FACTS
     for bad in ("repro-kit/cpu:test", json.dumps({"id": "26cecd3e707a", "labels": {}})):
-        monkeypatch.setenv(runner.IMAGE_ENV, bad)
-        with pytest.raises(ReproError, match=runner.IMAGE_ENV):
-            runner.image_from_env()
+        monkeypatch.setenv(runcontext.IMAGE_ENV, bad)
+        with pytest.raises(ReproError, match=runcontext.IMAGE_ENV):
+            runcontext.image_from_env()
 
 
 def test_an_imported_image_names_its_archive_in_the_run_record(tmp_path, monkeypatch):
     """A receiving lab's run records which archive (sha256) its image was loaded from."""
-    from repro import runner
     from repro.containers import handoff, images
 
     class _DockerImage:  # what ImageFacts.of reads from docker-py's Image: id, labels, tags
@@ -208,8 +207,8 @@ def test_an_imported_image_names_its_archive_in_the_run_record(tmp_path, monkeyp
     facts = images.ImageFacts.of(_DockerImage())
     assert facts.archive_sha256 == archive
     monkeypatch.setenv("REPRO_IN_CONTAINER", "1")
-    monkeypatch.setenv(runner.IMAGE_ENV, json.dumps(facts.as_record()))
-    assert runner.image_from_env()["archive_sha256"] == archive
+    monkeypatch.setenv(runcontext.IMAGE_ENV, json.dumps(facts.as_record()))
+    assert runcontext.image_from_env()["archive_sha256"] == archive
 
 
 def test_an_import_record_is_never_read_through_a_link(tmp_path):
@@ -234,7 +233,7 @@ def test_an_import_record_is_never_read_through_a_link(tmp_path):
 
 
 def test_kit_commit_comes_from_the_image_labels_inside_one(monkeypatch):
-    from repro import envinfo, runner
+    from repro import envinfo
 
     monkeypatch.setattr(
         envinfo,
@@ -243,11 +242,11 @@ def test_kit_commit_comes_from_the_image_labels_inside_one(monkeypatch):
     )
     labels = {"org.opencontainers.image.revision": SHA, "io.repro-kit.dirty": "false"}
     monkeypatch.setenv("REPRO_IN_CONTAINER", "1")
-    monkeypatch.setenv(runner.IMAGE_ENV, json.dumps({**IMAGE_FACTS, "labels": labels}))
-    assert runner._kit()["git_commit"] == SHA and runner._kit()["dirty"] is False
+    monkeypatch.setenv(runcontext.IMAGE_ENV, json.dumps({**IMAGE_FACTS, "labels": labels}))
+    assert runcontext.kit_facts()["git_commit"] == SHA and runcontext.kit_facts()["dirty"] is False
     labels["org.opencontainers.image.revision"] = "unknown"
-    monkeypatch.setenv(runner.IMAGE_ENV, json.dumps({**IMAGE_FACTS, "labels": labels}))
-    assert runner._kit()["git_commit"] is None
+    monkeypatch.setenv(runcontext.IMAGE_ENV, json.dumps({**IMAGE_FACTS, "labels": labels}))
+    assert runcontext.kit_facts()["git_commit"] is None
 
 
 def test_plumbing_variables_stay_out_of_the_recorded_environment():

@@ -17,6 +17,7 @@ from repro.containers import build
 from repro.evidence import bundle
 from repro.evidence.runs import EvidenceError
 from repro.profiles import get_profile
+from repro.runcontext import RunContext
 
 FIXTURES = Path(__file__).parent / "fixtures" / "runs"
 # Made-up credentials in each format the scanner knows (none of them is real).
@@ -80,7 +81,7 @@ def test_a_crash_record_is_written_with_its_log_tail_masked(tmp_path):
     (tmp_path / "logs" / "cold-race.log").write_text(
         "loading\n" + "".join(f"{v}\n" for v in SECRETS.values()) + "Killed\n"
     )
-    context = runner.arm_context(
+    context = RunContext.new(
         run_id="crash",
         arm="cold-race",
         command=["repro", "run"],
@@ -103,7 +104,7 @@ def test_a_crash_record_is_written_with_its_log_tail_masked(tmp_path):
 
 
 def test_a_crash_record_whose_message_quotes_a_secret_is_masked_not_lost(tmp_path):
-    context = runner.arm_context(
+    context = RunContext.new(
         run_id="crash",
         arm="multi-turn",
         command=["repro", "run"],

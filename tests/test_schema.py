@@ -685,6 +685,7 @@ def test_an_arm_whose_record_fails_validation_keeps_its_figures(tmp_path, monkey
 
     from repro import runner
     from repro.profiles import get_profile
+    from repro.runcontext import RunContext
 
     figures = {"figures": {"waves": ["measured for minutes"]}, "verdict": {"status": "clean"}}
     child = (
@@ -702,7 +703,7 @@ def test_an_arm_whose_record_fails_validation_keeps_its_figures(tmp_path, monkey
     monkeypatch.setattr(runner.subprocess, "Popen", popen)
     out = tmp_path / "out"
     (out / "logs").mkdir(parents=True)
-    context = runner.arm_context(
+    context = RunContext.new(
         run_id="t",
         arm="cold-race",
         command=["python", "-m", "repro", "tiny"],

@@ -31,6 +31,7 @@ from repro.containers.images import ImageFacts
 from repro.errors import ReproError
 from repro.gpu_host import gpu_host_env
 from repro.profiles import Profile
+from repro.runcontext import FACTS_FILE, IMAGE_ENV, Environment, RunContext
 
 CONTAINER_MODEL = "/model"
 CONTAINER_OUT = "/out"
@@ -316,7 +317,7 @@ def run_profile_in_container(
     # Records from an earlier run in the same folder must not pass for this run's.
     for arm in arms:
         (out_dir / f"{arm}.json").unlink(missing_ok=True)
-    (out_dir / runner.FACTS_FILE).unlink(missing_ok=True)
+    (out_dir / FACTS_FILE).unlink(missing_ok=True)
     inner = [
         "run", "--profile", profile.name, "--model-path", model_path, "--out", CONTAINER_OUT,
         "--arms", *arms, "--arm-timeout", str(arm_timeout_s), *run_args,
@@ -326,7 +327,7 @@ def run_profile_in_container(
     environment = {
         "HF_HUB_OFFLINE": "1",
         "REPRO_IN_CONTAINER": "1",
-        runner.IMAGE_ENV: json.dumps(image.as_record()),
+        IMAGE_ENV: json.dumps(image.as_record()),
         "PYTHONUNBUFFERED": "1",
         # A uid without a home of its own (see _user): vLLM and torch keep caches under ~.
         "HOME": "/tmp",
@@ -378,7 +379,7 @@ def run_profile_in_container(
             _emit(f"[repro] {failure}\n", host_log, echo)
     seconds = time.monotonic() - started
 
-    facts = _container_facts(out_dir, image)
+    environment = _container_environment(out_dir, image)
     documents: dict[str, dict[str, Any]] = {}
     for arm in arms:
         doc = _own_record(out_dir, arm, image)
@@ -390,7 +391,7 @@ def run_profile_in_container(
             what += f" before the {arm} arm wrote its record"
         else:
             what = failure
-        context = runner.arm_context(
+        context = RunContext.new(
             run_id=run_id,
             arm=arm,
             command=command,
@@ -405,12 +406,12 @@ def run_profile_in_container(
             what=what,
             out_dir=out_dir,
             logs=[f"logs/{arm}.log", CONTAINER_LOG],
-            facts=facts,
+            environment=environment,
             error_type="ContainerRunFailed",
             phase="container",
             duration_s=seconds,
         )
-    (out_dir / runner.FACTS_FILE).unlink(missing_ok=True)
+    (out_dir / FACTS_FILE).unlink(missing_ok=True)
     if failure and failure.startswith("the run was interrupted"):
         raise KeyboardInterrupt
     return documents
@@ -445,15 +446,14 @@ def _own_record(out_dir: Path, arm: str, image: ImageFacts) -> dict[str, Any] | 
     return doc
 
 
-def _container_facts(out_dir: Path, image: ImageFacts) -> dict[str, Any]:
+def _container_environment(out_dir: Path, image: ImageFacts) -> Environment:
     """The image environment's facts (written by the run inside before its first arm); where
     the container died before that, this host's hardware and the image's labels only."""
     try:
-        facts = json.loads((out_dir / runner.FACTS_FILE).read_text())
-        facts["location"] = {**facts["location"], "kind": "container", "image": image.as_record()}
-        return facts
-    except (OSError, json.JSONDecodeError, KeyError):
-        pass
+        written = Environment.from_json((out_dir / FACTS_FILE).read_text())
+        return written.in_container(image.as_record())
+    except (OSError, ValueError, ReproError):
+        pass  # not written (or cut short): what the host knows, below
     from repro import envinfo
     from repro.artifact import redact_env
 
@@ -461,22 +461,21 @@ def _container_facts(out_dir: Path, image: ImageFacts) -> dict[str, Any]:
     vllm = labels.get("io.repro-kit.vllm.ref") or None
     distribution = labels.get("io.repro-kit.vllm.distribution") or None
     torch = labels.get("io.repro-kit.torch")
-    location = envinfo.run_location(None)
-    return {
-        "hardware": envinfo.collect_hardware(),
+    return Environment(
+        hardware=envinfo.collect_hardware(),
         # The image never reported its own environment: only what its labels pin is known.
-        "software": {
+        software={
             "python": labels.get("io.repro-kit.python") or "not reported (container died first)",
             "packages": {"vllm": vllm, "torch": torch if torch not in (None, "unpinned") else None},
             "distributions": {"vllm": distribution, "torch": "torch" if torch else None},
         },
-        "location": {**location, "kind": "container", "image": image.as_record()},
-        "environment": redact_env({"HF_HUB_OFFLINE": "1", "REPRO_IN_CONTAINER": "1"}),
-        "vllm_version": vllm or "not reported",
-        "vllm_distribution": distribution or "vllm",
-        "vllm_commit": None,
-        "patches": [],
-    }
+        location=envinfo.run_location(None),
+        environment=redact_env({"HF_HUB_OFFLINE": "1", "REPRO_IN_CONTAINER": "1"}),
+        vllm_version=vllm or "not reported",
+        vllm_distribution=distribution or "vllm",
+        vllm_commit=None,
+        patches=[],
+    ).in_container(image.as_record())
 
 
 def no_container_records(
@@ -495,9 +494,11 @@ def no_container_records(
     with open_run_log(out_dir) as log:
         log.write(f"[repro] {type(error).__name__}: {error}\n")
     run_id = runner.new_run_id()
+    # This host's facts, in the container that never started.
+    environment = Environment.here().in_container(None)
     docs = {}
     for arm in arms:
-        context = runner.arm_context(
+        context = RunContext.new(
             run_id=run_id,
             arm=arm,
             command=command,
@@ -506,17 +507,13 @@ def no_container_records(
             overrides=overrides,
             fault_kind=fault_kind,
         )
-        from repro import envinfo
-
-        facts = runner._facts({})
-        facts["location"] = {**envinfo.run_location(None), "kind": "container", "image": None}
         docs[arm] = runner.write_error_record(
             arm=arm,
             context=context,
             what=f"no container ran: {error}",
             out_dir=out_dir,
             logs=[CONTAINER_LOG],
-            facts=facts,
+            environment=environment,
             error_type=type(error).__name__,
             phase="container",
         )

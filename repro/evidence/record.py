@@ -7,34 +7,38 @@ document alone (`repro.evidence.verdicts.regrade`).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from repro import grading
 from repro.arms.common import ArmResult, RunRecord
 from repro.artifact import SCHEMA_VERSION
 from repro.profiles import Profile
 
+if TYPE_CHECKING:
+    from repro.runcontext import Environment, RunContext
+
 
 def base_document(
     *,
     arm: str,
-    context: dict[str, Any],
+    context: RunContext,
+    environment: Environment,
     profile: Profile,
-    model_path: str | None,
-    fault_kind: str | None,
 ) -> dict[str, Any]:
-    """The sections every record has, whatever the outcome."""
+    """The sections every record has, whatever the outcome; ``environment`` is where the arm
+    ran (or, for a record written elsewhere, what is known of it)."""
+    model_path, fault_kind = context.model_path, context.fault_kind
     return {
         "schema_version": SCHEMA_VERSION,
         "arm": arm,
-        "kit": context["kit"],
+        "kit": context.kit,
         "run": {
-            "id": context["run_id"],
-            "started_at": context["started_at"],
-            "finished_at": context["started_at"],
+            "id": context.run_id,
+            "started_at": context.started_at,
+            "finished_at": context.started_at,
             "duration_s": 0.0,
-            "location": context["location"],
-            "command": context["command"],
+            "location": environment.location,
+            "command": context.command,
         },
         "profile": {
             "name": profile.name,
@@ -47,8 +51,8 @@ def base_document(
         },
         "engine": None,
         "geometry": None,
-        "hardware": context["hardware"],
-        "software": context["software"],
+        "hardware": environment.hardware,
+        "software": environment.software,
         "counters": None,
         "signal": None,
         "figures": None,
@@ -60,20 +64,20 @@ def base_document(
 
 def engine_section(
     *,
-    context: dict[str, Any],
+    context: RunContext,
+    environment: Environment,
     apc: RunRecord | None,
     control: RunRecord | None,
-    overrides: dict[str, Any],
 ) -> dict[str, Any]:
     return {
-        "vllm_version": context["vllm_version"],
-        "vllm_distribution": context["vllm_distribution"],
-        "vllm_commit": context["vllm_commit"],
+        "vllm_version": environment.vllm_version,
+        "vllm_distribution": environment.vllm_distribution,
+        "vllm_commit": environment.vllm_commit,
         "apc_run": _settings(apc),
         "control_run": _settings(control),
-        "environment": context["environment"],
-        "patches": context["patches"],
-        "overrides": overrides,
+        "environment": environment.environment,
+        "patches": environment.patches,
+        "overrides": context.overrides,
     }
 
 
@@ -92,11 +96,11 @@ def fill_result(
     result: ArmResult,
     verdict: grading.Verdict,
     *,
-    context: dict[str, Any],
-    overrides: dict[str, Any],
+    context: RunContext,
+    environment: Environment,
 ) -> None:
     doc["engine"] = engine_section(
-        context=context, apc=result.apc, control=result.control, overrides=overrides
+        context=context, environment=environment, apc=result.apc, control=result.control
     )
     doc["geometry"] = {
         "mamba_block_size": result.geometry.mamba_block_size,

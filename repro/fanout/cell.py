@@ -28,6 +28,7 @@ from repro.errors import PatchError, ReproError
 from repro.fanout import conditions
 from repro.fanout.conditions import BadCondition, Condition
 from repro.profiles import get_profile
+from repro.runcontext import Environment, RunContext
 
 CONDITION_FILE = "condition.json"
 CELL_LOG = "logs/cell.log"
@@ -174,10 +175,10 @@ def write_cell_errors(
     profile = get_profile(profile_name)
     arm_list = arms or list(condition.arms or profile.arms)
     run_id = runner.new_run_id()
-    facts = runner._facts({})
+    environment = Environment.here()
     docs = {}
     for arm in arm_list:
-        context = runner.arm_context(
+        context = RunContext.new(
             run_id=run_id,
             arm=arm,
             command=["python", "-m", "repro", *sys.argv[1:]],
@@ -194,7 +195,7 @@ def write_cell_errors(
             what=what,
             out_dir=cell_dir,
             logs=[*(logs or []), CELL_LOG],
-            facts=facts,
+            environment=environment,
             error_type=error_type,
             phase=phase,
         )

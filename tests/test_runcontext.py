@@ -1,0 +1,52 @@
+"""The run context's JSON: what the host sends the engine process, and what a container
+leaves for the host, read back as the same typed values."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from repro.errors import ReproError
+from repro.profiles import get_profile
+from repro.runcontext import Environment, RunContext
+
+
+def _context() -> RunContext:
+    return RunContext.new(
+        run_id="r",
+        arm="cold-race",
+        command=["python", "-m", "repro", "tiny"],
+        profile=get_profile("tiny"),
+        model_path="/models/tiny",
+        overrides={"max_num_seqs": 4},
+        fault_kind=None,
+    )
+
+
+def test_a_context_and_its_environment_survive_the_json_hand_off():
+    context = _context()
+    assert context.run_id == "r-cold-race" and context.kit["name"] == "repro-kit"
+    assert RunContext.from_json(context.to_json()) == context
+    placed = context.with_environment(Environment.here()).started("2026-12-02T00:00:00Z")
+    back = RunContext.from_json(placed.to_json())
+    assert back == placed and isinstance(back.environment, Environment)
+    assert back.started_at == "2026-12-02T00:00:00Z"
+    assert back.resolve_profile().name == "tiny"
+
+
+def test_an_environment_moved_into_a_container_keeps_its_facts():
+    here = Environment.here()
+    moved = Environment.from_json(here.to_json()).in_container({"id": "sha256:" + "a" * 64})
+    assert moved.location["kind"] == "container" and moved.location["image"]["id"].endswith("a")
+    assert moved.hardware == here.hardware and moved.software == here.software
+
+
+def test_json_from_another_kit_version_is_refused_by_name():
+    data = json.loads(_context().to_json())
+    del data["model_path"]
+    data["gpu_count"] = 1
+    with pytest.raises(ReproError, match=r"missing \['model_path'\], unknown \['gpu_count'\]"):
+        RunContext.from_json(json.dumps(data))
+    with pytest.raises(ReproError, match="JSON object"):
+        Environment.from_json("[]")
