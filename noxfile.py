@@ -123,7 +123,7 @@ def tests(session: nox.Session) -> None:
     keep the parallel workers).
     """
     session.install("-e", ".")
-    _engine_pytest(session, [], session.posargs or ["-ra", *PARALLEL, "--durations=10", "tests"])
+    _engine_pytest(session, [], session.posargs or ["-ra", *PARALLEL, "--durations=25", "tests"])
 
 
 def _extras(*names: str) -> list[str]:
