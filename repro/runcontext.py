@@ -69,7 +69,12 @@ class Environment:
 
     @classmethod
     def from_json(cls, text: str) -> Environment:
-        return cls(**_fields(cls, json.loads(text)))
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Environment:
+        """The decoded JSON object of `to_json` (also nested in a `RunContext`'s)."""
+        return cls(**_fields(cls, data))
 
 
 @dataclass(frozen=True)
@@ -139,8 +144,7 @@ class RunContext:
         fields = _fields(cls, data, nested=("environment",))
         environment = data.get("environment")
         return cls(
-            **fields,
-            environment=Environment(**_fields(Environment, environment)) if environment else None,
+            **fields, environment=Environment.from_dict(environment) if environment else None
         )
 
 

@@ -50,3 +50,10 @@ def test_json_from_another_kit_version_is_refused_by_name():
         RunContext.from_json(json.dumps(data))
     with pytest.raises(ReproError, match="JSON object"):
         Environment.from_json("[]")
+
+
+def test_a_nested_environment_from_another_kit_version_is_refused_by_name():
+    data = json.loads(_context().with_environment(Environment.here()).to_json())
+    data["environment"]["gpu_count"] = 1
+    with pytest.raises(ReproError, match=r"Environment JSON .* unknown \['gpu_count'\]"):
+        RunContext.from_json(json.dumps(data))
