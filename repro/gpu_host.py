@@ -22,6 +22,13 @@ GPU_HOST_ENV: dict[str, str] = {
 }
 
 
+# On the CPU: OpenMP threads that wait passively at barriers. Two CPU engines on the same cores
+# (the test suite's two workers, a matrix's cells) otherwise spin at each other's barriers:
+# two cold-race arms of `tiny` at once took 113 s each with the default policy and 44 s with
+# this one; one alone took 38 s either way (docs/measured.md, §Two engines on two cores).
+CPU_HOST_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
 def gpu_host_env(user_env: Mapping[str, str]) -> dict[str, str]:
     """`GPU_HOST_ENV`, with each value the user set in `user_env` kept instead."""
     return {key: user_env.get(key, default) for key, default in GPU_HOST_ENV.items()}
@@ -31,7 +38,7 @@ def gpu_host_env(user_env: Mapping[str, str]) -> dict[str, str]:
 # engine core runs (figures are then read from the workers: repro.engine). Every other
 # profile variable is part of what is measured (VLLM_USE_FLASHINFER_SAMPLER=0, say) and is set
 # whatever the shell holds.
-USER_MAY_SET = frozenset({*GPU_HOST_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING"})
+USER_MAY_SET = frozenset({*GPU_HOST_ENV, *CPU_HOST_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING"})
 
 
 def apply_defaults(

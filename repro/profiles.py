@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from repro.errors import ReproError
-from repro.gpu_host import GPU_HOST_ENV
+from repro.gpu_host import CPU_HOST_ENV, GPU_HOST_ENV
 
 ARMS = ("cold-race", "multi-turn")
 
@@ -123,8 +123,8 @@ class Profile:
     def engine_env(self) -> dict[str, str]:
         """The engine's environment variables (`repro.gpu_host.apply_defaults`: those a user
         may choose yield to the user's value). GPU profiles carry the GPU host's settings."""
-        gpu = GPU_HOST_ENV if self.device == "cuda" else {}
-        return {**gpu, **ENGINE_ENV, **self.extra_env}
+        host = GPU_HOST_ENV if self.device == "cuda" else CPU_HOST_ENV
+        return {**host, **ENGINE_ENV, **self.extra_env}
 
 
 TINY = Profile(

@@ -38,7 +38,7 @@ from repro.artifact import (
 from repro.atomicio import sha256_file, write_json_atomic, write_text_atomic
 from repro.clock import utc_compact, utc_text
 from repro.errors import FiguresUnreadable, NotEvidence, ReproError, ValidationUnavailable
-from repro.gpu_host import GPU_HOST_ENV
+from repro.gpu_host import CPU_HOST_ENV, GPU_HOST_ENV
 from repro.profiles import Profile
 from repro.runcontext import FACTS_FILE, Environment, RunContext
 
@@ -167,9 +167,9 @@ def engine_process_env(base, *, device: str, fault_kind: str | None) -> dict[str
     env = dict(base)
     env["PYTHONUNBUFFERED"] = "1"
     env[progress.ENV] = "1"
-    if device == "cuda":
-        # Before vLLM's first import in the engine process; a value the user set is kept.
-        gpu_host.apply_defaults(GPU_HOST_ENV, env)
+    # Before vLLM's (and OpenMP's) first import in the engine process; a value the user set
+    # is kept.
+    gpu_host.apply_defaults(GPU_HOST_ENV if device == "cuda" else CPU_HOST_ENV, env)
     if fault_kind:
         env[FAULT_ENV] = fault_kind
     else:
