@@ -1,8 +1,7 @@
 """``python -m repro.installset build|verify|install``.
 
-``verify`` and ``install`` run on a bare host with the standard library and its pip: this
-file imports nothing else at module level, and ``build``'s modules (uv, packaging,
-jsonschema, rich) are imported only when ``build`` runs.
+``verify`` and ``install`` run on a bare host: this file imports only the standard library at
+module level, and ``build``'s modules (uv, packaging, jsonschema, rich) only when it runs.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """``build``: resolve (or read a lock), download the exact wheels, cut them into parts.
 
-The set is the wheels themselves, as the index serves them: pip downloads each chosen file
-by its URL with ``--require-hashes`` (the sha256 uv's lock lists), the files are joined in
-the manifest's order and cut into parts of ``--part-size`` for carrying, and the manifest
-names every wheel and part by size and sha256. The host installs with pip's own
-hash-checking install (`repro.installset.install`). The same wheels give the same parts,
-byte for byte, on any day and from any folder.
+pip downloads each chosen file by URL with ``--require-hashes``; the files are joined in the
+manifest's order and cut into parts, so the same wheels give the same parts, byte for byte.
 """
 
 from __future__ import annotations
@@ -13,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import re
 import shutil
 import time
 import zipfile
@@ -47,21 +44,15 @@ from repro.installset.resolve import (
 
 DEFAULT_PART_SIZE = 55 * 1024 * 1024
 _CHUNK = 1 << 20
-_UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "M": 10**6, "MB": 10**6, "G": 10**9}
-_UNITS |= {"GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+_UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "KI": 2**10, "MI": 2**20, "GI": 2**30}
 
 
 def parse_size(text: str) -> int:
     """``55MiB`` → 57671680; ``1000`` → 1000; ``2GB`` → 2×10⁹ (SI and IEC units)."""
-    raw = text.strip().replace(" ", "")
-    number = raw.rstrip("BbIiKkMmGg")
-    try:
-        value = float(number)
-    except ValueError:
-        value = -1.0
-    if raw[len(number) :].upper() not in _UNITS or value <= 0:
+    m = re.fullmatch(r"(\d+(?:\.\d*)?)\s*([KMG]I?)?B?", text.strip().upper())
+    if not m or float(m[1]) <= 0:
         raise InstallSetError(f"cannot read the size {text!r}; write e.g. 55MiB, 50MB or 1048576")
-    return int(value * _UNITS[raw[len(number) :].upper()])
+    return int(float(m[1]) * _UNITS[m[2] or ""])
 
 
 @dataclass(frozen=True)

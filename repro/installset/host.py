@@ -1,9 +1,5 @@
-"""The host a set is for: its Python, the wheel tags it runs, and the packages it already has.
-
-The host's packages come from its ``pip list --format=freeze`` (or ``pip freeze``); names are
-compared in PEP 503 form (``packaging.utils.canonicalize_name``). Build side only: the
-installer on the host never imports this module.
-"""
+"""The host a set is for: its Python, the wheel tags it runs, and the packages it already has
+(from its ``pip list --format=freeze``, names in PEP 503 form). Build side only."""
 
 from __future__ import annotations
 

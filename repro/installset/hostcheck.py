@@ -1,17 +1,10 @@
 """Are the bare host's own packages the lock's wheels, file for file?
 
-A wheel lock's ``host`` entries (repro/installset/lock.py) are the packages the CUDA image
-installs as wheels and the bare host already has. Equal versions do not make equal files (the
-host may have been installed from another index, or patched), so both sides reduce each
-package to one digest over its files, ``path,sha256`` sorted, and the digests are compared:
-
-``installed_digests``  (host side, standard library only) hashes every installed file each
-                       distribution's RECORD lists, and counts those changed since install;
-``wheel_digests``      (build side) the same over each lock wheel's RECORD;
-``compare``            which ``host`` packages match, differ, or are missing on the host.
-
-Files outside the package folders (``..``: scripts) and the installer's own dist-info files
-(INSTALLER, REQUESTED, direct_url.json, RECORD) are left out on both sides.
+Equal versions do not make equal files (another index, a patch), so both sides reduce each
+package to one digest over its files (``path,sha256`` sorted): ``installed_digests`` on the
+host (standard library only, also counting files changed since install), ``wheel_digests``
+from each lock wheel's RECORD, and ``compare``. Scripts (``..``) and the installer's own
+dist-info files are left out on both sides.
 
     python3 -m repro.installset.hostcheck digests --out host-digests.json      # on the host
     python -m repro.installset.hostcheck compare --lock LOCK --wheels DIR --digests FILE
