@@ -13,10 +13,11 @@ import re
 import shutil
 import time
 import zipfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
@@ -30,6 +31,7 @@ from repro.installset.install import (
     FORMAT,
     FORMAT_VERSION,
     MANIFEST_NAME,
+    Joined,
     ManifestInvalid,
     Steps,
     human_bytes,
@@ -43,7 +45,6 @@ from repro.installset.resolve import (
 )
 
 DEFAULT_PART_SIZE = 55 * 1024 * 1024
-_CHUNK = 1 << 20
 _UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "KI": 2**10, "MI": 2**20, "GI": 2**30}
 
 
@@ -106,53 +107,31 @@ def unpacked_bytes(wheels: Sequence[Wheel]) -> int:
     return total
 
 
-def _joined(wheels: Sequence[Wheel]) -> Iterator[bytes]:
-    """The wheels' bytes in order, each file checked against its sha256 as it is read."""
-    for wheel in wheels:
-        found = hashlib.sha256()
-        with open(wheel.path, "rb") as src:
-            while chunk := src.read(_CHUNK):
-                found.update(chunk)
-                yield chunk
-        if found.hexdigest() != wheel.sha256:
-            raise InstallSetError(f"{wheel.path}: sha256 {found.hexdigest()}, not {wheel.sha256}")
-
-
 def write_parts(
     wheels: Sequence[Wheel], out_dir: Path, stem: str, part_size: int
 ) -> tuple[list[dict[str, Any]], str, int]:
     """The wheels joined in order and cut into ``STEM.part001``…; (parts, sha256, bytes).
-
-    Earlier parts of the same stem are removed first, so a smaller rebuild leaves none."""
+    Each wheel is checked by its sha256 first; earlier parts of the stem are removed."""
     total = sum(w.bytes for w in wheels)
-    if -(-total // part_size) > 999:
+    if (count := -(-total // part_size)) > 999:
         raise InstallSetError("more than 999 parts: choose a larger --part-size")
+    for wheel in wheels:
+        if (found := sha256_file(wheel.path)) != wheel.sha256:
+            raise InstallSetError(f"{wheel.path}: sha256 {found}, not {wheel.sha256}")
     for old in out_dir.glob(f"{stem}.part*"):
         old.unlink()
-    whole, parts, out = hashlib.sha256(), [], None
+    whole, parts = hashlib.sha256(), []
     columns = ("{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn())
-    try:
-        with Progress(*columns, transient=True) as bar:
-            task = bar.add_task(f"parts of {stem}", total=total)
-            for chunk in _joined(wheels):
-                whole.update(chunk)
-                bar.advance(task, len(chunk))
-                while chunk:
-                    if out is None or parts[-1]["bytes"] == part_size:
-                        if out is not None:
-                            out.close()
-                        name = f"{stem}.part{len(parts) + 1:03d}"
-                        out = open(out_dir / name, "wb")  # noqa: SIM115 - closed when full
-                        parts.append({"name": name, "bytes": 0, "sha256": hashlib.sha256()})
-                    room = part_size - parts[-1]["bytes"]
-                    piece, chunk = chunk[:room], chunk[room:]
-                    out.write(piece)
-                    parts[-1]["sha256"].update(piece)
-                    parts[-1]["bytes"] += len(piece)
-    finally:
-        if out is not None:
-            out.close()
-    return [{**p, "sha256": p["sha256"].hexdigest()} for p in parts], whole.hexdigest(), total
+    with Progress(*columns, transient=True) as bar:
+        task = bar.add_task(f"parts of {stem}", total=total)
+        # Fed like a digest, the bar advances with every chunk read.
+        progress = SimpleNamespace(update=lambda chunk: bar.advance(task, len(chunk)))
+        stream = Joined([w.path for w in wheels], whole, progress)
+        for number in range(1, count + 1):
+            name = f"{stem}.part{number:03d}"
+            size, sha = stream.take(part_size, out_dir / name)
+            parts.append({"name": name, "bytes": size, "sha256": sha})
+    return parts, whole.hexdigest(), total
 
 
 def pack_set(

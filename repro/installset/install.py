@@ -218,27 +218,41 @@ class Installed:
     already: bool = False
 
 
+class Joined:
+    """Files read as one stream (each chunk also fed to ``digests``), cut into new files."""
+
+    def __init__(self, paths: list[Path], *digests: Any) -> None:
+        self._chunks, self._rest = _chunks(paths, *digests), b""
+
+    def take(self, size: int, path: Path) -> tuple[int, str]:
+        """The next ``size`` bytes (fewer at the end) written to ``path``; (bytes, sha256)."""
+        digest, written = hashlib.sha256(), 0
+        with open(path, "xb") as out:
+            while written < size and (rest := self._rest or next(self._chunks, b"")):
+                piece, self._rest = rest[: size - written], rest[size - written :]
+                out.write(piece)
+                digest.update(piece)
+                written += len(piece)
+        return written, digest.hexdigest()
+
+    def at_end(self) -> bool:
+        return not self._rest and next(self._chunks, None) is None
+
+
 def _cut_wheels(checked: Verified, folder: Path) -> None:
     """The joined parts written back as the wheel files, each checked by its sha256 (pip would
     check too, but could not name the wheel against the manifest)."""
-    chunks, rest, problems = _chunks(checked.parts), b"", []
+    stream, problems = Joined(checked.parts), []
     for wheel in checked.manifest["wheels"]:
-        digest, left = hashlib.sha256(), wheel["bytes"]
-        with open(folder / wheel["filename"], "xb") as out:
-            while left and (rest := rest or next(chunks, b"")):
-                piece, rest = rest[:left], rest[left:]
-                out.write(piece)
-                digest.update(piece)
-                left -= len(piece)
-        if left:
+        size, found = stream.take(wheel["bytes"], folder / wheel["filename"])
+        if size < wheel["bytes"]:
             problems.append("the parts changed while installing: they end before the last wheel")
             break
-        if digest.hexdigest() != wheel["sha256"]:
-            found = digest.hexdigest()
+        if found != wheel["sha256"]:
             problems.append(
                 f"{wheel['filename']}: sha256 expected {wheel['sha256']}, found {found}"
             )
-    if rest or next(chunks, None) is not None:
+    if not stream.at_end():
         problems.append("the parts hold more bytes than the manifest's wheels")
     if problems:
         raise PartsInvalid(problems, checked.parts[0].parent)
