@@ -14,8 +14,6 @@ from packaging.utils import canonicalize_name
 
 from repro.installset import InstallSetError
 
-__all__ = ["DEFAULT_PLATFORM", "HostEnv", "HostPackage", "Target", "parse_freeze", "read_freeze"]
-
 # Conservative: llguidance's manylinux_2_31 wheel is the newest tag the vLLM 0.26.0 set
 # needs, and it loads on the kit's H200 host (Ubuntu glibc 2.39, read 2026-11-30). A host
 # with an older glibc must pass its own tag; a newer tag only widens the choice of wheels.
@@ -175,8 +173,5 @@ class Target:
 
     def pip_args(self) -> list[str]:
         """Options that make pip take wheels for this host (binary wheels only)."""
-        args = ["--only-binary=:all:", "--python-version", self.python_minor]
-        args += ["--implementation", "cp"]
-        for platform in self.platforms:
-            args += ["--platform", platform]
-        return args
+        args = ["--only-binary=:all:", "--python-version", self.python_minor, "--implementation"]
+        return [*args, "cp", *(arg for p in self.platforms for arg in ("--platform", p))]

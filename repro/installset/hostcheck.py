@@ -24,19 +24,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["compare", "installed_digests", "wheel_digests"]
-
 _INSTALLER_FILES = {"INSTALLER", "REQUESTED", "direct_url.json", "RECORD"}
 
 
 def _key(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
+    return re.sub(r"[-_.]+", "-", name).lower()  # PEP 503, as the host has no packaging
 
 
 def _kept(path: str) -> bool:
-    if path.startswith(".."):
-        return False
-    return not (".dist-info/" in path and path.rsplit("/", 1)[-1] in _INSTALLER_FILES)
+    installer_file = ".dist-info/" in path and path.rsplit("/", 1)[-1] in _INSTALLER_FILES
+    return not (path.startswith("..") or installer_file)
 
 
 def _b64(digest: bytes) -> str:
@@ -55,15 +52,11 @@ def installed_digests(paths: Sequence[str] | None = None) -> dict[str, list]:
     for dist in found:
         rows, changed = [], 0
         for f in dist.files or []:
-            if not f.hash or f.hash.mode != "sha256" or not _kept(str(f)):
-                continue
-            h = hashlib.sha256()
-            with open(f.locate(), "rb") as fh:
-                while chunk := fh.read(1 << 22):
-                    h.update(chunk)
-            found = _b64(h.digest())
-            changed += found != f.hash.value
-            rows.append(f"{f},{found}")
+            if f.hash and f.hash.mode == "sha256" and _kept(str(f)):
+                with open(f.locate(), "rb") as fh:
+                    found = _b64(hashlib.file_digest(fh, "sha256").digest())
+                changed += found != f.hash.value
+                rows.append(f"{f},{found}")
         out[_key(dist.metadata["Name"])] = [dist.version, len(rows), _digest(rows), changed]
     return out
 

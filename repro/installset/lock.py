@@ -151,8 +151,7 @@ def read_lock(path: Path) -> dict[str, Any]:
         doc = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
         raise InstallSetError(
-            f"no wheel lock at {path}; make it with `python -m repro.installset lock …` "
-            f"(see `nox -s cuda-lock`)"
+            f"no wheel lock at {path}; make it with `repro cuda-lock …` (or `nox -s cuda-lock`)"
         ) from exc
     except json.JSONDecodeError as exc:
         raise InstallSetError(f"wheel lock {path} is not JSON: {exc}") from exc
@@ -187,12 +186,9 @@ def requirements_text(lock: Mapping[str, Any], origins: Sequence[str] = ORIGINS)
 
 
 def compare_records(image_record: Mapping[str, Any], manifest: Mapping[str, Any]) -> dict:
-    """How an image record's wheels and an install set manifest's wheels relate.
-
-    Equal means: both name the same lock (by sha256), every wheel of the set is in the image
-    with the same file name and sha256, and the image's other wheels are the lock's ``host``
-    and ``image-only`` ones.
-    """
+    """How an image record's wheels and an install set manifest's wheels relate. Equal: the
+    same lock (by sha256), every set wheel in the image with the same sha256, and the image's
+    other wheels the lock's ``host`` and ``image-only`` ones."""
     image_lock = (image_record.get("lock") or {}).get("sha256")
     set_lock = (manifest.get("lock") or {}).get("sha256")
     image_wheels = {w["filename"]: w for w in (image_record.get("lock") or {}).get("wheels", [])}
@@ -205,9 +201,9 @@ def compare_records(image_record: Mapping[str, Any], manifest: Mapping[str, Any]
     only_set = sorted(set(set_wheels) - set(image_wheels))
     only_image = sorted(set(image_wheels) - set(set_wheels))
     unexpected = [n for n in only_image if image_wheels[n].get("origin") == "install-set"]
-    same = bool(image_lock) and image_lock == set_lock and not (differing or only_set or unexpected)
+    same_lock = bool(image_lock) and image_lock == set_lock
     return {
-        "same_lock": bool(image_lock) and image_lock == set_lock,
+        "same_lock": same_lock,
         "image_lock_sha256": image_lock,
         "set_lock_sha256": set_lock,
         "wheels_in_both": len(set(set_wheels) & set(image_wheels)),
@@ -217,5 +213,5 @@ def compare_records(image_record: Mapping[str, Any], manifest: Mapping[str, Any]
             origin: sorted(n for n in only_image if image_wheels[n].get("origin") == origin)
             for origin in ORIGINS
         },
-        "equal": same,
+        "equal": same_lock and not (differing or only_set or unexpected),
     }

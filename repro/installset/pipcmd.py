@@ -14,8 +14,6 @@ from collections.abc import Mapping, Sequence
 
 from repro.installset import InstallSetError
 
-__all__ = ["DEFAULT_INDEX", "pip_environment", "run_pip"]
-
 DEFAULT_INDEX = "https://pypi.org/simple"
 
 # Settings kept from the environment: how to reach the network, not what to install.
