@@ -125,10 +125,7 @@ def tag_priority(target: Target) -> dict[tags.Tag, int]:
     version = tuple(int(x) for x in target.python_minor.split("."))
     ordered = [*tags.cpython_tags(version, platforms=list(target.platforms))]
     ordered += tags.compatible_tags(version, f"cp{version[0]}{version[1]}", target.platforms)
-    priority: dict[tags.Tag, int] = {}
-    for rank, tag in enumerate(ordered):
-        priority.setdefault(tag, rank)
-    return priority
+    return {tag: rank for rank, tag in reversed(list(enumerate(ordered)))}  # a tag's best rank
 
 
 def choose_wheel(pkg: Locked, target: Target, priority: Mapping | None = None) -> LockedWheel:
