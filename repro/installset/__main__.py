@@ -1,8 +1,7 @@
 """``python -m repro.installset build|verify|install``.
 
-``verify`` and ``install`` run on a bare host with the standard library and its pip: this
-file imports nothing else at module level, and ``build``'s modules (uv, packaging,
-jsonschema, rich) are imported only when ``build`` runs.
+``verify`` and ``install`` run on a bare host: this file imports only the standard library at
+module level, and ``build``'s modules (uv, packaging, jsonschema, rich) only when it runs.
 """
 
 from __future__ import annotations
@@ -13,8 +12,6 @@ from pathlib import Path
 
 from repro.installset import InstallSetError
 
-DEFAULT_FREEZE_HELP = "the host's `pip list --format=freeze` output (e.g. containers/hosts/…)"
-
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -22,20 +19,16 @@ def _parser() -> argparse.ArgumentParser:
         description="Offline install sets: vLLM plus the wheels a host lacks, in checked parts.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-
     b = sub.add_parser("build", help="resolve, download and pack a set (needs PyPI and uv)")
     b.add_argument("--vllm", metavar="VERSION", help="vLLM release, e.g. 0.26.0")
     b.add_argument("--python", help="the host's Python, X.Y or X.Y.Z (3.12)")
-    b.add_argument("--for-host", type=Path, metavar="FREEZE", help=DEFAULT_FREEZE_HELP)
+    b.add_argument("--for-host", type=Path, metavar="FREEZE", help="its `pip list --format=freeze`")
     b.add_argument(
         "--lock",
         type=Path,
-        help="ship a wheel lock's install-set wheels (containers/locks/…, the CUDA image's "
-        "lock) instead of resolving; replaces --vllm, --python and --for-host",
+        help="ship a wheel lock's install-set wheels (replaces --vllm, --python, --for-host)",
     )
-    b.add_argument(
-        "--wheels-from", type=Path, help="with --lock: link wheels from this folder if there"
-    )
+    b.add_argument("--wheels-from", type=Path, help="with --lock: link wheels from this folder")
     b.add_argument("--out", required=True, type=Path, help="output folder (parts + manifest.json)")
     # The default is build.DEFAULT_PART_SIZE, read when building (this module imports lazily).
     b.add_argument("--part-size", default=None, help="size of each part (default 55MiB)")
@@ -43,8 +36,7 @@ def _parser() -> argparse.ArgumentParser:
         "--platform",
         action="append",
         metavar="TAG",
-        help="the host's newest wheel platform tag; older glibc tags are implied "
-        "(default manylinux_2_31_x86_64; repeatable)",
+        help="the host's newest wheel tag, older glibc ones implied (manylinux_2_31_x86_64)",
     )
     b.add_argument("--index-url", help="package index (default https://pypi.org/simple)")
     b.add_argument(
@@ -52,26 +44,18 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="NAME",
-        help="leave this package (and what only it needs) out of the set; repeatable",
+        help="leave this package (and what only it needs) out; repeatable",
     )
     b.add_argument(
-        "--include-optional",
-        action="store_true",
-        help="also ship vLLM's optional GPU-kernel and codec packages (hundreds of MiB; "
-        "left out by default, see resolve.VLLM_OPTIONAL)",
+        "--include-optional", action="store_true", help="ship resolve.VLLM_OPTIONAL's too"
     )
     b.add_argument("--exclude-newer", metavar="DATE", help="ignore uploads after DATE (uv)")
     b.add_argument("--uv", metavar="PATH", help="the uv binary (default: on PATH or pip's uv)")
-
-    v = sub.add_parser("verify", help="check the parts against manifest.json (stdlib only)")
-    v.add_argument("--parts", required=True, type=Path, help="folder with manifest.json and parts")
-
-    i = sub.add_parser("install", help="verify, then pip-install into TARGET (stdlib + pip)")
-    i.add_argument("--parts", required=True, type=Path, help="folder with manifest.json and parts")
-    i.add_argument("--target", required=True, type=Path, help="new or empty folder to install to")
-    i.add_argument(
-        "--replace", action="store_true", help="swap out a TARGET that holds something else"
-    )
+    for name, text in [("verify", "check the parts"), ("install", "verify, then pip-install")]:
+        c = sub.add_parser(name, help=f"{text} (standard library + pip)")
+        c.add_argument("--parts", required=True, type=Path, help="folder with manifest.json")
+    c.add_argument("--target", required=True, type=Path, help="new or empty folder to install to")
+    c.add_argument("--replace", action="store_true", help="swap out a TARGET this kit installed")
     return parser
 
 

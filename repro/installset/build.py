@@ -1,11 +1,7 @@
 """``build``: resolve (or read a lock), download the exact wheels, cut them into parts.
 
-The set is the wheels themselves, as the index serves them: pip downloads each chosen file
-by its URL with ``--require-hashes`` (the sha256 uv's lock lists), the files are joined in
-the manifest's order and cut into parts of ``--part-size`` for carrying, and the manifest
-names every wheel and part by size and sha256. The host installs with pip's own
-hash-checking install (`repro.installset.install`). The same wheels give the same parts,
-byte for byte, on any day and from any folder.
+pip downloads each chosen file by URL with ``--require-hashes``; the files are joined in the
+manifest's order and cut into parts, so the same wheels give the same parts, byte for byte.
 """
 
 from __future__ import annotations
@@ -13,13 +9,15 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import re
 import shutil
 import time
 import zipfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
@@ -33,6 +31,7 @@ from repro.installset.install import (
     FORMAT,
     FORMAT_VERSION,
     MANIFEST_NAME,
+    Joined,
     ManifestInvalid,
     Steps,
     human_bytes,
@@ -46,22 +45,15 @@ from repro.installset.resolve import (
 )
 
 DEFAULT_PART_SIZE = 55 * 1024 * 1024
-_CHUNK = 1 << 20
-_UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "M": 10**6, "MB": 10**6, "G": 10**9}
-_UNITS |= {"GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+_UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "KI": 2**10, "MI": 2**20, "GI": 2**30}
 
 
 def parse_size(text: str) -> int:
     """``55MiB`` → 57671680; ``1000`` → 1000; ``2GB`` → 2×10⁹ (SI and IEC units)."""
-    raw = text.strip().replace(" ", "")
-    number = raw.rstrip("BbIiKkMmGg")
-    try:
-        value = float(number)
-    except ValueError:
-        value = -1.0
-    if raw[len(number) :].upper() not in _UNITS or value <= 0:
+    m = re.fullmatch(r"(\d+(?:\.\d*)?)\s*([KMG]I?)?B?", text.strip().upper())
+    if not m or float(m[1]) <= 0:
         raise InstallSetError(f"cannot read the size {text!r}; write e.g. 55MiB, 50MB or 1048576")
-    return int(value * _UNITS[raw[len(number) :].upper()])
+    return int(float(m[1]) * _UNITS[m[2] or ""])
 
 
 @dataclass(frozen=True)
@@ -115,53 +107,31 @@ def unpacked_bytes(wheels: Sequence[Wheel]) -> int:
     return total
 
 
-def _joined(wheels: Sequence[Wheel]) -> Iterator[bytes]:
-    """The wheels' bytes in order, each file checked against its sha256 as it is read."""
-    for wheel in wheels:
-        found = hashlib.sha256()
-        with open(wheel.path, "rb") as src:
-            while chunk := src.read(_CHUNK):
-                found.update(chunk)
-                yield chunk
-        if found.hexdigest() != wheel.sha256:
-            raise InstallSetError(f"{wheel.path}: sha256 {found.hexdigest()}, not {wheel.sha256}")
-
-
 def write_parts(
     wheels: Sequence[Wheel], out_dir: Path, stem: str, part_size: int
 ) -> tuple[list[dict[str, Any]], str, int]:
     """The wheels joined in order and cut into ``STEM.part001``…; (parts, sha256, bytes).
-
-    Earlier parts of the same stem are removed first, so a smaller rebuild leaves none."""
+    Each wheel is checked by its sha256 first; earlier parts of the stem are removed."""
     total = sum(w.bytes for w in wheels)
-    if -(-total // part_size) > 999:
+    if (count := -(-total // part_size)) > 999:
         raise InstallSetError("more than 999 parts: choose a larger --part-size")
+    for wheel in wheels:
+        if (found := sha256_file(wheel.path)) != wheel.sha256:
+            raise InstallSetError(f"{wheel.path}: sha256 {found}, not {wheel.sha256}")
     for old in out_dir.glob(f"{stem}.part*"):
         old.unlink()
-    whole, parts, out = hashlib.sha256(), [], None
+    whole, parts = hashlib.sha256(), []
     columns = ("{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn())
-    try:
-        with Progress(*columns, transient=True) as bar:
-            task = bar.add_task(f"parts of {stem}", total=total)
-            for chunk in _joined(wheels):
-                whole.update(chunk)
-                bar.advance(task, len(chunk))
-                while chunk:
-                    if out is None or parts[-1]["bytes"] == part_size:
-                        if out is not None:
-                            out.close()
-                        name = f"{stem}.part{len(parts) + 1:03d}"
-                        out = open(out_dir / name, "wb")  # noqa: SIM115 - closed when full
-                        parts.append({"name": name, "bytes": 0, "sha256": hashlib.sha256()})
-                    room = part_size - parts[-1]["bytes"]
-                    piece, chunk = chunk[:room], chunk[room:]
-                    out.write(piece)
-                    parts[-1]["sha256"].update(piece)
-                    parts[-1]["bytes"] += len(piece)
-    finally:
-        if out is not None:
-            out.close()
-    return [{**p, "sha256": p["sha256"].hexdigest()} for p in parts], whole.hexdigest(), total
+    with Progress(*columns, transient=True) as bar:
+        task = bar.add_task(f"parts of {stem}", total=total)
+        # Fed like a digest, the bar advances with every chunk read.
+        progress = SimpleNamespace(update=lambda chunk: bar.advance(task, len(chunk)))
+        stream = Joined([w.path for w in wheels], whole, progress)
+        for number in range(1, count + 1):
+            name = f"{stem}.part{number:03d}"
+            size, sha = stream.take(part_size, out_dir / name)
+            parts.append({"name": name, "bytes": size, "sha256": sha})
+    return parts, whole.hexdigest(), total
 
 
 def pack_set(

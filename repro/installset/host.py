@@ -1,9 +1,5 @@
-"""The host a set is for: its Python, the wheel tags it runs, and the packages it already has.
-
-The host's packages come from its ``pip list --format=freeze`` (or ``pip freeze``); names are
-compared in PEP 503 form (``packaging.utils.canonicalize_name``). Build side only: the
-installer on the host never imports this module.
-"""
+"""The host a set is for: its Python, the wheel tags it runs, and the packages it already has
+(from its ``pip list --format=freeze``, names in PEP 503 form). Build side only."""
 
 from __future__ import annotations
 
@@ -17,8 +13,6 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from repro.installset import InstallSetError
-
-__all__ = ["DEFAULT_PLATFORM", "HostEnv", "HostPackage", "Target", "parse_freeze", "read_freeze"]
 
 # Conservative: llguidance's manylinux_2_31 wheel is the newest tag the vLLM 0.26.0 set
 # needs, and it loads on the kit's H200 host (Ubuntu glibc 2.39, read 2026-11-30). A host
@@ -179,8 +173,5 @@ class Target:
 
     def pip_args(self) -> list[str]:
         """Options that make pip take wheels for this host (binary wheels only)."""
-        args = ["--only-binary=:all:", "--python-version", self.python_minor]
-        args += ["--implementation", "cp"]
-        for platform in self.platforms:
-            args += ["--platform", platform]
-        return args
+        args = ["--only-binary=:all:", "--python-version", self.python_minor, "--implementation"]
+        return [*args, "cp", *(arg for p in self.platforms for arg in ("--platform", p))]

@@ -1,17 +1,10 @@
 """Are the bare host's own packages the lock's wheels, file for file?
 
-A wheel lock's ``host`` entries (repro/installset/lock.py) are the packages the CUDA image
-installs as wheels and the bare host already has. Equal versions do not make equal files (the
-host may have been installed from another index, or patched), so both sides reduce each
-package to one digest over its files, ``path,sha256`` sorted, and the digests are compared:
-
-``installed_digests``  (host side, standard library only) hashes every installed file each
-                       distribution's RECORD lists, and counts those changed since install;
-``wheel_digests``      (build side) the same over each lock wheel's RECORD;
-``compare``            which ``host`` packages match, differ, or are missing on the host.
-
-Files outside the package folders (``..``: scripts) and the installer's own dist-info files
-(INSTALLER, REQUESTED, direct_url.json, RECORD) are left out on both sides.
+Equal versions do not make equal files (another index, a patch), so both sides reduce each
+package to one digest over its files (``path,sha256`` sorted): ``installed_digests`` on the
+host (standard library only, also counting files changed since install), ``wheel_digests``
+from each lock wheel's RECORD, and ``compare``. Scripts (``..``) and the installer's own
+dist-info files are left out on both sides.
 
     python3 -m repro.installset.hostcheck digests --out host-digests.json      # on the host
     python -m repro.installset.hostcheck compare --lock LOCK --wheels DIR --digests FILE
@@ -31,19 +24,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["compare", "installed_digests", "wheel_digests"]
-
 _INSTALLER_FILES = {"INSTALLER", "REQUESTED", "direct_url.json", "RECORD"}
 
 
 def _key(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
+    return re.sub(r"[-_.]+", "-", name).lower()  # PEP 503, as the host has no packaging
 
 
 def _kept(path: str) -> bool:
-    if path.startswith(".."):
-        return False
-    return not (".dist-info/" in path and path.rsplit("/", 1)[-1] in _INSTALLER_FILES)
+    installer_file = ".dist-info/" in path and path.rsplit("/", 1)[-1] in _INSTALLER_FILES
+    return not (path.startswith("..") or installer_file)
 
 
 def _b64(digest: bytes) -> str:
@@ -62,15 +52,11 @@ def installed_digests(paths: Sequence[str] | None = None) -> dict[str, list]:
     for dist in found:
         rows, changed = [], 0
         for f in dist.files or []:
-            if not f.hash or f.hash.mode != "sha256" or not _kept(str(f)):
-                continue
-            h = hashlib.sha256()
-            with open(f.locate(), "rb") as fh:
-                while chunk := fh.read(1 << 22):
-                    h.update(chunk)
-            found = _b64(h.digest())
-            changed += found != f.hash.value
-            rows.append(f"{f},{found}")
+            if f.hash and f.hash.mode == "sha256" and _kept(str(f)):
+                with open(f.locate(), "rb") as fh:
+                    found = _b64(hashlib.file_digest(fh, "sha256").digest())
+                changed += found != f.hash.value
+                rows.append(f"{f},{found}")
         out[_key(dist.metadata["Name"])] = [dist.version, len(rows), _digest(rows), changed]
     return out
 

@@ -1,19 +1,9 @@
-"""Verify and install a set on the host: the standard library, and the host's own pip.
+"""Verify and install a set on the host: the standard library and the host's own pip only.
 
-Runs on a bare GPU host with ``python3`` (and its pip) and the kit's source on PYTHONPATH;
-it imports nothing outside the standard library. Keep it that way.
-
-``verify`` checks the manifest's shape (`check_structure`), every part's size and sha256 and
-the sha256 of the parts joined, and names each bad or missing part with what was expected and
-what was found. ``install`` verifies, cuts the joined parts back into the wheels (each checked
-by sha256 as it is written), refuses a wheel whose members leave the folder or claim more than
-the manifest's ``unpacked_bytes``, then runs pip's own hash-checking install::
-
-    python3 -m pip install --no-index --find-links WHEELS --require-hashes --no-deps \\
-        --no-compile --target STAGING -r REQUIREMENTS      # name==version --hash=sha256:…
-
-into a folder beside the target, writes a marker recording the manifest's sha256, and only
-then renames the folder into place: a target holds a whole install or does not exist.
+``verify`` names each bad or missing part. ``install`` verifies, cuts the parts back into
+the wheels, refuses members leaving the folder or unpacking past the manifest's
+``unpacked_bytes``, runs pip's hash-checking install into a folder beside the target, writes
+a marker and only then renames it into place: a target holds a whole install or nothing.
 """
 
 from __future__ import annotations
@@ -27,7 +17,6 @@ import shutil
 import sys
 import time
 import zipfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,10 +26,8 @@ from repro.clock import utc_text
 from repro.installset import InstallSetError
 from repro.installset.pipcmd import run_pip
 
-FORMAT = "repro-install-set"
-FORMAT_VERSION = 2
-MANIFEST_NAME = "manifest.json"
-MARKER_NAME = ".repro-installset.json"
+FORMAT, FORMAT_VERSION = "repro-install-set", 2
+MANIFEST_NAME, MARKER_NAME = "manifest.json", ".repro-installset.json"
 _CHUNK = 1 << 20
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 # A part or wheel is a plain file name: no directory, no "..", nothing hidden.
@@ -78,17 +65,17 @@ def human_bytes(n: float) -> str:
 
 
 class Steps:
-    """Prints ``name …`` when a step starts and ``name: N.N s`` when it ends; keeps timings."""
+    """Prints ``name …`` when a step starts and ``name: N.N s`` when it ends; keeps timings.
+    The host has no rich, so this plain printer serves both sides."""
 
     def __init__(self, stream=None) -> None:
-        self.stream = stream or sys.stderr
-        self.timings: dict[str, float] = {}
+        self.stream, self.timings = stream or sys.stderr, {}
 
     def say(self, text: str) -> None:
         print(f"[installset] {text}", file=self.stream, flush=True)
 
     @contextlib.contextmanager
-    def step(self, name: str) -> Iterator[None]:
+    def step(self, name: str):
         self.say(f"{name} …")
         start = time.monotonic()
         try:
@@ -96,9 +83,6 @@ class Steps:
         finally:
             self.timings[name] = round(time.monotonic() - start, 2)
             self.say(f"{name}: {self.timings[name]:.1f} s")
-
-
-# --- the manifest -------------------------------------------------------------------------------
 
 
 def _files(doc: dict[str, Any], key: str, name_key: str) -> list[dict[str, Any]]:
@@ -137,9 +121,8 @@ def check_structure(doc: Any) -> None:
     for key in ("bytes", "unpacked_bytes"):
         if not isinstance(stream.get(key), int) or stream[key] < 0:
             raise ManifestInvalid(f"manifest: $.stream.{key} is not a whole number")
-    for name in ("parts", "wheels"):
-        total = sum(e["bytes"] for e in (parts if name == "parts" else wheels))
-        if total != stream["bytes"]:
+    for name, files in (("parts", parts), ("wheels", wheels)):
+        if (total := sum(e["bytes"] for e in files)) != stream["bytes"]:
             raise ManifestInvalid(
                 f"manifest: the {name} add up to {total} bytes, the stream has {stream['bytes']}"
             )
@@ -156,20 +139,16 @@ def load_manifest(parts_dir: str | Path) -> tuple[dict[str, Any], str]:
     path = Path(parts_dir) / MANIFEST_NAME
     try:
         data = path.read_bytes()
+        doc = json.loads(data.decode("utf-8"))
     except FileNotFoundError as exc:
         raise InstallSetError(
             f"{path} does not exist: --parts must name the folder holding manifest.json and "
             "the parts, as the build wrote them"
         ) from exc
-    try:
-        doc = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ManifestInvalid(f"{path} is not valid JSON ({exc}); copy it again") from exc
     check_structure(doc)
     return doc, hashlib.sha256(data).hexdigest()
-
-
-# --- verify -------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -177,6 +156,16 @@ class Verified:
     manifest: dict[str, Any]
     manifest_sha256: str
     parts: list[Path]
+
+
+def _chunks(paths: list[Path], *digests: Any):
+    """The files' bytes in order, each chunk also fed to ``digests``."""
+    for path in paths:
+        with open(path, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                for digest in digests:
+                    digest.update(chunk)
+                yield chunk
 
 
 def verify(parts_dir: str | Path, *, steps: Steps | None = None) -> Verified:
@@ -191,28 +180,22 @@ def verify(parts_dir: str | Path, *, steps: Steps | None = None) -> Verified:
     with steps.step(f"verify {len(parts)} part(s), {human_bytes(stream['bytes'])}"):
         for i, (part, path) in enumerate(zip(parts, paths, strict=True), start=1):
             label = f"part {i}/{len(parts)} {part['name']}"
+            want, want_sha = part["bytes"], part["sha256"]
             if not path.is_file():
-                problems.append(
-                    f"{label}: missing (expected {part['bytes']} bytes, sha256 {part['sha256']})"
-                )
+                problems.append(f"{label}: missing (expected {want} bytes, sha256 {want_sha})")
                 continue
-            digest, size = hashlib.sha256(), 0
-            with open(path, "rb") as f:
-                while chunk := f.read(_CHUNK):
-                    digest.update(chunk)
-                    whole.update(chunk)
-                    size += len(chunk)
-            found = digest.hexdigest()
-            if size != part["bytes"]:
-                how = "truncated" if size < part["bytes"] else "longer than built"
+            digest = hashlib.sha256()
+            size = sum(len(chunk) for chunk in _chunks([path], digest, whole))
+            if size != want:
+                how = "truncated" if size < want else "longer than built"
                 problems.append(
-                    f"{label}: {how}: expected {part['bytes']} bytes, found {size} "
-                    f"(sha256 expected {part['sha256']}, found {found})"
+                    f"{label}: {how}: expected {want} bytes, found {size} "
+                    f"(sha256 expected {want_sha}, found {digest.hexdigest()})"
                 )
-            elif found != part["sha256"]:
+            elif digest.hexdigest() != want_sha:
                 problems.append(
-                    f"{label}: corrupted: sha256 expected {part['sha256']}, found {found} "
-                    f"(size {size} bytes as expected)"
+                    f"{label}: corrupted: sha256 expected {want_sha}, found "
+                    f"{digest.hexdigest()} (size {size} bytes as expected)"
                 )
             else:
                 steps.say(f"  {label}: ok ({human_bytes(size)})")
@@ -226,9 +209,6 @@ def verify(parts_dir: str | Path, *, steps: Steps | None = None) -> Verified:
     return Verified(manifest, manifest_sha, paths)
 
 
-# --- install ------------------------------------------------------------------------------------
-
-
 @dataclass
 class Installed:
     target: Path
@@ -238,38 +218,42 @@ class Installed:
     already: bool = False
 
 
+class Joined:
+    """Files read as one stream (each chunk also fed to ``digests``), cut into new files."""
+
+    def __init__(self, paths: list[Path], *digests: Any) -> None:
+        self._chunks, self._rest = _chunks(paths, *digests), b""
+
+    def take(self, size: int, path: Path) -> tuple[int, str]:
+        """The next ``size`` bytes (fewer at the end) written to ``path``; (bytes, sha256)."""
+        digest, written = hashlib.sha256(), 0
+        with open(path, "xb") as out:
+            while written < size and (rest := self._rest or next(self._chunks, b"")):
+                piece, self._rest = rest[: size - written], rest[size - written :]
+                out.write(piece)
+                digest.update(piece)
+                written += len(piece)
+        return written, digest.hexdigest()
+
+    def at_end(self) -> bool:
+        return not self._rest and next(self._chunks, None) is None
+
+
 def _cut_wheels(checked: Verified, folder: Path) -> None:
-    """The joined parts written back as the wheel files, each checked by size and sha256."""
-    wheels = iter(checked.manifest["wheels"])
-    wheel, out, digest, left = None, None, hashlib.sha256(), 0
-    problems = []
-    try:
-        for path in checked.parts:
-            with open(path, "rb") as f:
-                while chunk := f.read(_CHUNK):
-                    while chunk:
-                        if left == 0:
-                            wheel = next(wheels)
-                            out = open(folder / wheel["filename"], "xb")  # noqa: SIM115
-                            digest, left = hashlib.sha256(), wheel["bytes"]
-                        piece, chunk = chunk[:left], chunk[left:]
-                        out.write(piece)
-                        digest.update(piece)
-                        left -= len(piece)
-                        if left == 0:
-                            out.close()
-                            if digest.hexdigest() != wheel["sha256"]:
-                                problems.append(
-                                    f"{wheel['filename']}: sha256 expected {wheel['sha256']}, "
-                                    f"found {digest.hexdigest()}"
-                                )
-    except StopIteration:
+    """The joined parts written back as the wheel files, each checked by its sha256 (pip would
+    check too, but could not name the wheel against the manifest)."""
+    stream, problems = Joined(checked.parts), []
+    for wheel in checked.manifest["wheels"]:
+        size, found = stream.take(wheel["bytes"], folder / wheel["filename"])
+        if size < wheel["bytes"]:
+            problems.append("the parts changed while installing: they end before the last wheel")
+            break
+        if found != wheel["sha256"]:
+            problems.append(
+                f"{wheel['filename']}: sha256 expected {wheel['sha256']}, found {found}"
+            )
+    if not stream.at_end():
         problems.append("the parts hold more bytes than the manifest's wheels")
-    finally:
-        if out is not None:
-            out.close()
-    if left or next(wheels, None) is not None:
-        problems.append("the parts changed while installing: they end before the last wheel")
     if problems:
         raise PartsInvalid(problems, checked.parts[0].parent)
 
@@ -291,8 +275,7 @@ def _check_wheels(manifest: dict[str, Any], folder: Path) -> None:
         # What zipfile raises on a damaged or unsupported zip (the fuzzer found the second).
         except (zipfile.BadZipFile, NotImplementedError, ValueError, EOFError) as exc:
             raise UnsafeArchive(f"{wheel['filename']} is not a readable wheel ({exc})") from exc
-    limit = manifest["stream"]["unpacked_bytes"]
-    if claimed > limit:
+    if claimed > (limit := manifest["stream"]["unpacked_bytes"]):
         raise UnsafeArchive(
             f"the wheels unpack to {claimed} bytes, more than the manifest's {limit}; "
             "refusing to install"
@@ -304,6 +287,30 @@ def _marker_sha(marker: Path) -> str | None:
         return json.loads(marker.read_text(encoding="utf-8")).get("manifest_sha256")
     except (OSError, ValueError, AttributeError):
         return None
+
+
+def _check_target(target: Path, manifest_sha: str, replace: bool) -> bool:
+    """True when ``target`` already holds this set; raise where it may not be (re)placed."""
+    if not target.exists():
+        return False
+    if not target.is_dir():
+        raise InstallSetError(f"target {target} exists and is not a folder")
+    marker_sha = _marker_sha(target / MARKER_NAME)
+    if marker_sha == manifest_sha and not replace:
+        return True
+    if any(target.iterdir()) and not replace:
+        raise InstallSetError(
+            f"target {target} is not empty and holds no install of this set: give an "
+            "empty or new folder, or --replace to swap it for this set"
+        )
+    if any(target.iterdir()) and marker_sha is None:
+        # --replace deletes the old folder: only ever one this installer wrote.
+        raise InstallSetError(
+            f"target {target} is not empty and has no {MARKER_NAME}: it is not an install "
+            "set this kit installed, so --replace will not delete it. Give an empty or new "
+            "folder (or remove that one yourself if it is yours to remove)"
+        )
+    return False
 
 
 def install(
@@ -320,25 +327,9 @@ def install(
             f"the set was built for Python {wanted}; this installer runs on {here}, whose pip "
             f"would take none of its wheels. Run it with python{wanted}"
         )
-    marker = target / MARKER_NAME
-    if target.exists():
-        if not target.is_dir():
-            raise InstallSetError(f"target {target} exists and is not a folder")
-        if _marker_sha(marker) == manifest_sha and not replace:
-            steps.say(f"{target} already holds this install set (marker {MARKER_NAME}); done")
-            return Installed(target, manifest_sha, 0, dict(steps.timings), already=True)
-        if any(target.iterdir()) and not replace:
-            raise InstallSetError(
-                f"target {target} is not empty and holds no install of this set: give an "
-                "empty or new folder, or --replace to swap it for this set"
-            )
-        if any(target.iterdir()) and _marker_sha(marker) is None:
-            # --replace deletes the old folder: only ever one this installer wrote.
-            raise InstallSetError(
-                f"target {target} is not empty and has no {MARKER_NAME}: it is not an install "
-                "set this kit installed, so --replace will not delete it. Give an empty or new "
-                "folder (or remove that one yourself if it is yours to remove)"
-            )
+    if _check_target(target, manifest_sha, replace):
+        steps.say(f"{target} already holds this install set (marker {MARKER_NAME}); done")
+        return Installed(target, manifest_sha, 0, dict(steps.timings), already=True)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = target.parent / f".{target.name}.installing-{os.getpid()}"
     wheels = target.parent / f".{target.name}.wheels-{os.getpid()}"
@@ -360,18 +351,11 @@ def install(
                 + ["--no-warn-script-location", "-r", str(wheels / "requirements.txt")],
                 what=f"installing {len(lines)} wheel(s) into {staging}",
             )
-        write_json_atomic(
-            staging / MARKER_NAME,
-            {
-                "format": "repro-install-set-marker",
-                "manifest_sha256": manifest_sha,
-                "stream_sha256": manifest["stream"]["sha256"],
-                "root": manifest.get("root"),
-                "installed": utc_text(),
-                "installer_python": sys.version.split()[0],
-                "parts_dir": str(Path(parts_dir).absolute()),
-            },
-        )
+        marker = {"format": "repro-install-set-marker", "manifest_sha256": manifest_sha}
+        marker |= {"stream_sha256": manifest["stream"]["sha256"], "root": manifest.get("root")}
+        marker |= {"installed": utc_text(), "installer_python": sys.version.split()[0]}
+        marker["parts_dir"] = str(Path(parts_dir).absolute())
+        write_json_atomic(staging / MARKER_NAME, marker)
         if target.exists():
             old = target.parent / f".{target.name}.old-{os.getpid()}"
             os.rename(target, old)

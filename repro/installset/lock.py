@@ -1,21 +1,10 @@
-"""One wheel lock for the CUDA image and the bare-host install set.
+"""One wheel lock (``containers/locks/<name>.lock.json``) for the CUDA image and the install set.
 
-The lent GPU host has no Docker: there the kit runs on the host's own torch plus an install
-set; elsewhere it runs in the CUDA image. For the two to be one Python environment, both are
-made from one lock file (``containers/locks/<name>.lock.json``) that names every wheel by file
-name and sha256, each with its *origin*:
-
-``install-set``  what the host lacks: shipped in the install set, and installed in the image;
-``host``         what the host already has, at the host's version (torch, its ``nvidia-*``
-                 CUDA libraries, numpy …): the image installs that version's wheel;
-``image-only``   what neither the closure nor the host needs but the image does (the kit's
-                 own dependencies where vLLM does not bring them).
-
-Making a lock takes two uv resolutions. The first is the install set's own (``resolve``: the
-host's packages as stubs, overridden where they conflict). The second resolves the same
-requirements with no stubs at all, every package fixed to what the first chose or to the
-host's version, so that it adds only what the host's packages themselves need (torch's
-CUDA wheels). One wheel per package is chosen the way pip chooses: the best tag for the target.
+Every wheel is named by file name and sha256, with its origin: ``install-set`` (what the host
+lacks: shipped, and installed in the image), ``host`` (what the host has, at its version: the
+image installs that wheel) or ``image-only`` (the kit's own dependencies vLLM does not bring).
+A second uv run resolves the same requirements with no stubs, every package fixed to what the
+first chose or to the host's version, so it adds only what the host's packages need.
 """
 
 from __future__ import annotations
@@ -74,13 +63,9 @@ def make_lock(
     image: bool = True,
     log: Callable[[str], None] = lambda _msg: None,
 ) -> dict[str, Any]:
-    """The lock document for ``root`` (``vllm==0.26.0`` or ``vllm @ URL``) on ``target``.
-
-    ``freeze_file`` is the bare host's ``pip list --format=freeze``; None locks for a host
-    with nothing (every wheel is then ``install-set``). ``extra_requirements`` (the kit's
-    dependencies) go into the image only, where vLLM's closure does not already hold them.
-    With ``image`` off the lock holds the install set alone (one resolution, no image).
-    """
+    """The lock for ``root`` (``vllm==0.26.0`` or ``vllm @ URL``) on ``target``. No
+    ``freeze_file``: a host with nothing. ``extra_requirements`` go into the image only; with
+    ``image`` off the lock holds the install set alone (one resolution)."""
     host = read_freeze(freeze_file) if freeze_file else HostEnv({}, source="none")
     uv = find_uv(uv)
     compiler = UvCompiler(target, uv=uv, index_url=index_url or DEFAULT_INDEX)
@@ -103,26 +88,18 @@ def make_lock(
             overrides=kept,
             excludes=sorted(res.excluded),
         )
-    priority = tag_priority(target)
-    packages, problems = [], []
+    priority, packages, problems = tag_priority(target), [], []
     for pkg in sorted(full, key=lambda p: (p.key != res.root.key, p.key)):
         host_pkg = host.get(pkg.name)
-        if pkg.key in shipped:
-            origin = "install-set"
-            if pkg.version != shipped[pkg.key].version:
-                theirs = shipped[pkg.key].version
-                problems.append(f"{pkg.name}: {pkg.version} here, {theirs} shipped")
-        elif host_pkg is not None:
-            origin = "host"
-            if host_pkg.version != pkg.version:
-                problems.append(f"{pkg.name}: {pkg.version} here, the host has {host_pkg.version}")
-        else:
-            origin = "image-only"
+        origin = "install-set" if pkg.key in shipped else "host" if host_pkg else "image-only"
+        if origin == "install-set" and pkg.version != (theirs := shipped[pkg.key].version):
+            problems.append(f"{pkg.name}: {pkg.version} here, {theirs} shipped")
+        if origin == "host" and pkg.version != host_pkg.version:
+            problems.append(f"{pkg.name}: {pkg.version} here, the host has {host_pkg.version}")
         wheel = choose_wheel(pkg, target, priority)
-        keys = ("filename", "url", "sha256")
         packages.append(
             {"name": pkg.name, "version": pkg.version, "origin": origin}
-            | {k: getattr(wheel, k) for k in keys}
+            | {"filename": wheel.filename, "url": wheel.url, "sha256": wheel.sha256}
             | {"bytes": wheel.size}
         )
     missing = sorted(set(shipped) - {canonicalize_name(p["name"]) for p in packages})
@@ -174,8 +151,7 @@ def read_lock(path: Path) -> dict[str, Any]:
         doc = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
         raise InstallSetError(
-            f"no wheel lock at {path}; make it with `python -m repro.installset lock …` "
-            f"(see `nox -s cuda-lock`)"
+            f"no wheel lock at {path}; make it with `repro cuda-lock …` (or `nox -s cuda-lock`)"
         ) from exc
     except json.JSONDecodeError as exc:
         raise InstallSetError(f"wheel lock {path} is not JSON: {exc}") from exc
@@ -210,12 +186,9 @@ def requirements_text(lock: Mapping[str, Any], origins: Sequence[str] = ORIGINS)
 
 
 def compare_records(image_record: Mapping[str, Any], manifest: Mapping[str, Any]) -> dict:
-    """How an image record's wheels and an install set manifest's wheels relate.
-
-    Equal means: both name the same lock (by sha256), every wheel of the set is in the image
-    with the same file name and sha256, and the image's other wheels are the lock's ``host``
-    and ``image-only`` ones.
-    """
+    """How an image record's wheels and an install set manifest's wheels relate. Equal: the
+    same lock (by sha256), every set wheel in the image with the same sha256, and the image's
+    other wheels the lock's ``host`` and ``image-only`` ones."""
     image_lock = (image_record.get("lock") or {}).get("sha256")
     set_lock = (manifest.get("lock") or {}).get("sha256")
     image_wheels = {w["filename"]: w for w in (image_record.get("lock") or {}).get("wheels", [])}
@@ -228,9 +201,9 @@ def compare_records(image_record: Mapping[str, Any], manifest: Mapping[str, Any]
     only_set = sorted(set(set_wheels) - set(image_wheels))
     only_image = sorted(set(image_wheels) - set(set_wheels))
     unexpected = [n for n in only_image if image_wheels[n].get("origin") == "install-set"]
-    same = bool(image_lock) and image_lock == set_lock and not (differing or only_set or unexpected)
+    same_lock = bool(image_lock) and image_lock == set_lock
     return {
-        "same_lock": bool(image_lock) and image_lock == set_lock,
+        "same_lock": same_lock,
         "image_lock_sha256": image_lock,
         "set_lock_sha256": set_lock,
         "wheels_in_both": len(set(set_wheels) & set(image_wheels)),
@@ -240,5 +213,5 @@ def compare_records(image_record: Mapping[str, Any], manifest: Mapping[str, Any]
             origin: sorted(n for n in only_image if image_wheels[n].get("origin") == origin)
             for origin in ORIGINS
         },
-        "equal": same,
+        "equal": same_lock and not (differing or only_set or unexpected),
     }

@@ -1,11 +1,8 @@
 """Running pip apart from the machine's own pip settings (standard library only).
 
-This machine's pip configuration (a constraint file capping torch, find-links folders,
-extra local indexes) describes this machine, not the host a set is for; on the host, a
-``PIP_CONSTRAINT`` or pip.conf would change what the installer installs. Every pip
-configuration file is skipped (``PIP_CONFIG_FILE`` set to the null device, pip's documented
-switch) and every ``PIP_*`` variable is dropped except those about reaching the network. The
-index (or ``--no-index``) is always passed explicitly.
+This machine's pip configuration (constraints, find-links, extra indexes) is not the host's;
+every pip configuration file and ``PIP_*`` variable is dropped except those about reaching
+the network, and the index (or ``--no-index``) is always passed explicitly.
 """
 
 from __future__ import annotations
@@ -17,21 +14,11 @@ from collections.abc import Mapping, Sequence
 
 from repro.installset import InstallSetError
 
-__all__ = ["DEFAULT_INDEX", "pip_environment", "run_pip"]
-
 DEFAULT_INDEX = "https://pypi.org/simple"
 
 # Settings kept from the environment: how to reach the network, not what to install.
-_KEEP = {
-    "PIP_CACHE_DIR",
-    "PIP_CERT",
-    "PIP_CLIENT_CERT",
-    "PIP_DEFAULT_TIMEOUT",
-    "PIP_NO_CACHE_DIR",
-    "PIP_PROXY",
-    "PIP_RETRIES",
-    "PIP_TRUSTED_HOST",
-}
+_KEEP = set("PIP_CACHE_DIR PIP_CERT PIP_CLIENT_CERT PIP_DEFAULT_TIMEOUT PIP_NO_CACHE_DIR".split())
+_KEEP |= {"PIP_PROXY", "PIP_RETRIES", "PIP_TRUSTED_HOST"}
 
 
 def pip_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -1,25 +1,12 @@
-"""The closure of a requirement for another host, the host's own packages kept, resolved by uv.
+"""The closure of a requirement for another host, the host's own packages kept, by uv.
 
-uv resolves (``uv pip compile``: backtracking, ``--python-platform`` so that environment
-markers are the host's, and a PEP 751 lock listing every wheel's URL, size and sha256). pip
-cannot do this alone: it evaluates markers with the interpreter it runs on, and has no
-overrides.
-
-Host packages are *stubs*: an empty wheel per package the host has, at the host's version
-with the local label ``+installset.host``. uv therefore never resolves the host's own
-dependency trees (torch's CUDA libraries are the host's business), and a stub in the lock
-says the closure uses that host package. Each stub is either a *constraint* (uv keeps what it
-picks compatible with the host's version where it can, backtracking a package that wants
-another numpy) or an *override* (the host's version whatever the closure asks: vLLM 0.26.0
-pins ``numba==0.65.0`` and ``setuptools<81``, the H200 host has 0.68.0 and 81.0.0). The set
-must never shadow a host package, so where constraints leave uv no answer, the fewest host
-packages the closure uses are overridden: found by uv's answers alone (exit status and
-lock), never by reading its messages, and recorded.
-
-``exclude`` removes packages and what only they need (uv's ``--excludes``). For vLLM,
-``VLLM_OPTIONAL`` names the optional GPU-kernel and codec libraries that ``from vllm import
-LLM`` does not import (docs/measured.md, §GPU hosts: the H200 run worked without them); they
-would change vLLM's backend choices, and they are most of the closure's size.
+uv resolves (``uv pip compile --python-platform``: the host's markers, and a PEP 751 lock
+with every wheel's URL, size and sha256); pip cannot, it evaluates markers on the machine it
+runs on. Each host package is an empty *stub* wheel at the host's version (``+installset.host``)
+so uv never resolves the host's own trees; a stub is a *constraint*, or an *override* where
+the closure pins another version (vLLM 0.26.0: ``numba==0.65.0``, the H200 has 0.68.0). The
+fewest overrides are found from uv's exit status and lock alone, never from its messages.
+``VLLM_OPTIONAL``: what ``from vllm import LLM`` does not import (docs/measured.md, §GPU hosts).
 """
 
 from __future__ import annotations
@@ -90,13 +77,16 @@ class Locked:
         """The largest of its wheels (the one installed is one of them)."""
         return max((w.size or 0 for w in self.wheels), default=0)
 
+    @property
+    def is_stub(self) -> bool:
+        return self.version.endswith(STUB_LABEL)
+
 
 def stub_version(version: str | None) -> str | None:
     """The stub's version: the host's, with the local label ``+installset.host`` added."""
     if not version:
         return None
-    public, _, local = version.partition("+")
-    return f"{public}+{local}.{STUB_LABEL}" if local else f"{public}+{STUB_LABEL}"
+    return f"{version}.{STUB_LABEL}" if "+" in version else f"{version}+{STUB_LABEL}"
 
 
 def write_stub_wheel(directory: Path, name: str, version: str) -> Path:
@@ -130,18 +120,12 @@ def parse_pylock(text: str) -> list[Locked]:
     return out
 
 
-# --- choosing one wheel, as pip does ------------------------------------------------------------
-
-
 def tag_priority(target: Target) -> dict[tags.Tag, int]:
     """Every tag the target runs, best first (packaging's order, as pip's)."""
     version = tuple(int(x) for x in target.python_minor.split("."))
     ordered = [*tags.cpython_tags(version, platforms=list(target.platforms))]
     ordered += tags.compatible_tags(version, f"cp{version[0]}{version[1]}", target.platforms)
-    priority: dict[tags.Tag, int] = {}
-    for rank, tag in enumerate(ordered):
-        priority.setdefault(tag, rank)
-    return priority
+    return {tag: rank for rank, tag in reversed(list(enumerate(ordered)))}  # a tag's best rank
 
 
 def choose_wheel(pkg: Locked, target: Target, priority: Mapping | None = None) -> LockedWheel:
@@ -159,9 +143,6 @@ def choose_wheel(pkg: Locked, target: Target, priority: Mapping | None = None) -
             f"{target.platforms[0]} (the index lists {listed})"
         )
     return min(ranked)[2]
-
-
-# --- uv -----------------------------------------------------------------------------------------
 
 
 class UvFailed(InstallSetError):
@@ -185,12 +166,18 @@ def find_uv(explicit: str | None = None) -> str:
 
 def uv_platform(target: Target) -> str:
     """uv's ``--python-platform`` for the target's first (newest) tag."""
-    tag = target.platforms[0]
+    tag, machine = target.platforms[0], target.machine
     if tag.startswith("manylinux_"):
-        return f"{target.machine}-{tag[: -len(target.machine) - 1]}"
-    if tag.startswith("manylinux"):
-        return f"{target.machine}-manylinux2014"
-    return f"{target.machine}-unknown-linux-gnu"
+        return f"{machine}-{tag[: -len(machine) - 1]}"
+    return (
+        f"{machine}-manylinux2014"
+        if tag.startswith("manylinux")
+        else f"{machine}-unknown-linux-gnu"
+    )
+
+
+# uv settings kept from the environment: how to reach the network, where to cache.
+_UV_KEEP = {"UV_CACHE_DIR", "UV_HTTP_TIMEOUT", "UV_NATIVE_TLS", "UV_CONCURRENT_DOWNLOADS"}
 
 
 @dataclass
@@ -215,36 +202,24 @@ class UvCompiler:
     ) -> list[Locked]:
         self.calls += 1
         with tempfile.TemporaryDirectory(prefix="installset-uv-") as tmp:
-            work = Path(tmp)
             cmd = [self.uv or find_uv(), "pip", "compile", "--no-config", "--quiet"]
             cmd += ["--no-python-downloads", "--python-version", self.target.python]
             cmd += ["--python-platform", uv_platform(self.target), "--only-binary", ":all:"]
             cmd += ["--index-url", self.index_url, "--format", "pylock.toml"]
             cmd += [f"--extra-index-url={url}" for url in self.extra_index_urls]
             cmd += [f"--find-links={link}" for link in find_links]
-            if self.exclude_newer:
-                cmd += ["--exclude-newer", self.exclude_newer]
-            for option, lines in [
-                ("--constraint", constraints),
-                ("--overrides", overrides),
-                ("--excludes", excludes),
-                (None, requirements),
-            ]:
-                path = work / f"{option or 'requirements'}.txt".lstrip("-")
+            cmd += ["--exclude-newer", self.exclude_newer] if self.exclude_newer else []
+            files = {"constraint": constraints, "overrides": overrides, "excludes": excludes}
+            for option, lines in [*files.items(), ("", requirements)]:
+                path = Path(tmp) / f"{option or 'requirements'}.txt"
                 path.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
-                cmd += [option, str(path)] if option else [str(path)]
-            cmd += ["--output-file", str(work / "pylock.toml")]
-            # uv settings kept from the environment: how to reach the network, where to cache.
-            keep = {"UV_CACHE_DIR", "UV_HTTP_TIMEOUT", "UV_NATIVE_TLS", "UV_CONCURRENT_DOWNLOADS"}
-            env = {k: v for k, v in os.environ.items() if not k.startswith("UV_") or k in keep}
-            env["NO_COLOR"] = "1"
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+                cmd += [f"--{option}", str(path)] if option else [str(path)]
+            cmd += ["--output-file", str(Path(tmp) / "pylock.toml")]
+            env = {k: v for k, v in os.environ.items() if not k.startswith("UV_") or k in _UV_KEEP}
+            proc = subprocess.run(cmd, env=env | {"NO_COLOR": "1"}, capture_output=True, text=True)
             if proc.returncode != 0:
                 raise UvFailed((proc.stderr or proc.stdout).strip())
-            return parse_pylock((work / "pylock.toml").read_text(encoding="utf-8"))
-
-
-# --- the resolution -----------------------------------------------------------------------------
+            return parse_pylock((Path(tmp) / "pylock.toml").read_text(encoding="utf-8"))
 
 
 @dataclass
@@ -322,37 +297,37 @@ def resolve(
 
         log(f"resolving {root} with uv, the host's {len(pins)} packages kept")
         overrides: list[str] = []
-        locked = attempt(())
-        if locked is None:
-            everything = attempt(list(pins))
-            if everything is None:
+        if (locked := attempt(())) is None:
+            if (everything := attempt(list(pins))) is None:
                 raise InstallSetError(
                     f"no solution for {root} on this host, even with every host package kept "
                     f"at the host's version; uv says:\n{failures[0]}"
                 )
-            used = sorted(p.key for p in everything if p.version.endswith(STUB_LABEL))
+            used = sorted(p.key for p in everything if p.is_stub)
             log(f"the host's versions conflict with the closure; finding which of {len(used)}")
             overrides = fewest(used, lambda trial: attempt(trial) is not None)
             log(f"kept at the host's version against the closure: {', '.join(overrides)}")
             locked = attempt(overrides)
         assert locked is not None  # `fewest` returns only answers uv solved
-        saved: list[Locked] = []
+        full = []
         if excludes and measure_excluded:
             log("measuring the full closure (what the exclusions leave out)")
             full = attempt(overrides, excluding=False) or []
-            kept = {p.key for p in locked}
-            saved = sorted((p for p in full if p.key not in kept), key=lambda p: p.key)
-    by_key = {p.key: p for p in locked if not p.version.endswith(STUB_LABEL)}
+    by_key = {p.key: p for p in locked if not p.is_stub}
     if root_key not in by_key:
         raise InstallSetError(f"uv's lock does not contain {root_key}")
     packages = [by_key.pop(root_key)] + [by_key[k] for k in sorted(by_key)]
-    host_used = [(p.key, host.packages[p.key].version or "") for p in locked if p.key in pins]
+    kept = {p.key for p in locked}
     return Resolution(
         root=packages[0],
         packages=packages,
-        host_used=sorted(host_used),
+        host_used=sorted(
+            (p.key, host.packages[p.key].version or "") for p in locked if p.key in pins
+        ),
         overrides=sorted(overrides),
         excluded=dict(sorted(excludes.items())),
-        excluded_closure=[p for p in saved if not p.version.endswith(STUB_LABEL)],
+        excluded_closure=sorted(
+            (p for p in full if p.key not in kept and not p.is_stub), key=lambda p: p.key
+        ),
         rounds=compiler.calls,
     )
