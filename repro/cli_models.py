@@ -14,7 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
-from repro import tinymodel
+from repro import tiny_needle, tinymodel
 from repro.errors import ReproError
 
 
@@ -35,7 +35,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     train.add_argument(
         "--family",
         default="nemotron-h-needle",
-        choices=("nemotron-h-needle", "qwen3-next-needle"),
+        choices=sorted(tiny_needle.CHECKPOINTS),
         help="which trained model (default: nemotron-h-needle)",
     )
     train.add_argument("--out", type=Path, default=None, help="with --retrain: write here")
@@ -64,8 +64,6 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
 
 
 def cmd_train_tiny(args: argparse.Namespace) -> int:
-    from repro import tiny_needle
-
     if not args.retrain:
         if args.out or args.device:
             raise ReproError("--out and --device go with --retrain")

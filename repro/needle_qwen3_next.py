@@ -96,12 +96,7 @@ class NeedleQwen3Next(nn.Module):
         """The state dict under the names vLLM loads, in `dtype`, on the CPU."""
         from repro.qwen3_next_layout import checkpoint_layout
 
-        state = {
-            name: tensor.detach().to("cpu", dtype)
-            for name, tensor in self.state_dict().items()
-            # A buffer, not a weight: the rotary table is recomputed from the config.
-            if "rotary_emb" not in name
-        }
+        state = {name: t.detach().to("cpu", dtype) for name, t in self.state_dict().items()}
         return checkpoint_layout(state, self.recipe)
 
 
