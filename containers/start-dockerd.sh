@@ -8,10 +8,14 @@
 # can write: a fixed name in the world-writable /tmp could be a link planted by another user,
 # which dockerd's root-owned output would then write through.
 #
-# The flags fit a machine that is itself a container without privileges for overlay
-# mounts or netfilter (docs/measured.md, §Build machines): the vfs storage driver (no overlayfs), no iptables
-# rules and no default bridge. Containers then run with `--network none` and builds that need
-# package registries use the host network (the kit passes network_mode="host").
+# The flags fit a machine that is itself a container without privileges for netfilter
+# (docs/measured.md, §Build machines): no iptables rules and no default bridge. Containers then
+# run with `--network none` and builds that need package registries use the host network (the
+# kit passes network_mode="host").
+#
+# Storage: overlay2 where root can mount overlayfs in the daemon's data root (probed here, as
+# dockerd would use it), else vfs, under which every layer is a full copy of the file system.
+# DOCKERD_STORAGE_DRIVER=vfs|overlay2 skips the probe.
 #
 # CI: apt-get install -y docker.io debootstrap && sh containers/start-dockerd.sh
 set -eu
@@ -20,6 +24,22 @@ DOCKERD_RUN_DIR=${DOCKERD_RUN_DIR:-/run/repro-kit}
 DOCKERD_LOG=${DOCKERD_LOG:-$DOCKERD_RUN_DIR/dockerd.log}
 PID_FILE=$DOCKERD_RUN_DIR/dockerd.pid
 WAIT_S=${DOCKERD_WAIT_S:-60}
+DATA_ROOT=${DOCKERD_DATA_ROOT:-/var/lib/docker}
+
+# Whether an overlay mount works in folder $1 (the same kind of mount overlay2 makes).
+overlay_mounts() {
+    probe=$(mktemp -d "$1/overlay-probe.XXXXXX") || return 1
+    mkdir "$probe/lower" "$probe/upper" "$probe/work" "$probe/merged"
+    if mount -t overlay overlay \
+        -o "lowerdir=$probe/lower,upperdir=$probe/upper,workdir=$probe/work" "$probe/merged" \
+        2>/dev/null; then
+        umount "$probe/merged"
+        rm -rf "$probe"
+        return 0
+    fi
+    rm -rf "$probe"
+    return 1
+}
 
 if docker info >/dev/null 2>&1; then
     echo "start-dockerd: a Docker daemon already answers"
@@ -49,8 +69,22 @@ for file in "$DOCKERD_LOG" "$PID_FILE"; do
     fi
 done
 
-echo "start-dockerd: starting dockerd (log: $DOCKERD_LOG)"
-nohup dockerd --storage-driver=vfs --iptables=false --ip-masq=false --bridge=none \
+mkdir -p -m 0711 "$DATA_ROOT"
+DRIVER=${DOCKERD_STORAGE_DRIVER:-}
+if [ -z "$DRIVER" ]; then
+    if overlay_mounts "$DATA_ROOT"; then DRIVER=overlay2; else DRIVER=vfs; fi
+fi
+case "$DRIVER" in
+    overlay2 | vfs) ;;
+    *)
+        echo "start-dockerd: DOCKERD_STORAGE_DRIVER must be overlay2 or vfs, got '$DRIVER'" >&2
+        exit 1
+        ;;
+esac
+
+echo "start-dockerd: starting dockerd with the $DRIVER storage driver (log: $DOCKERD_LOG)"
+nohup dockerd --storage-driver="$DRIVER" --data-root "$DATA_ROOT" \
+    --iptables=false --ip-masq=false --bridge=none \
     >>"$DOCKERD_LOG" 2>&1 </dev/null &
 echo $! >"$PID_FILE"
 
