@@ -450,26 +450,23 @@ def _relabel_error(doc):
     doc["error"] = {"type": "ArmProcessFailed", "message": "engine died", "phase": "arm"}
 
 
-def test_a_corrupted_run_relabelled_geometry_gated_is_named(good, tmp_path):
-    found = _forge(good, tmp_path, "runs/fault/cold-race.json", _relabel_geometry)
-    assert any(
-        p.startswith(
-            "runs/fault/cold-race.json: recorded inconclusive (geometry), yet it "
-            "carries figures (they grade corrupted)"
-        )
-        for p in found
-    ), found
-
-
-def test_a_corrupted_run_relabelled_error_is_named(good, tmp_path):
-    found = _forge(good, tmp_path, "runs/fault/cold-race.json", _relabel_error)
-    assert any(
-        p.startswith(
-            "runs/fault/cold-race.json: recorded error, yet its figures grade "
-            "corrupted (wave1: 14 forward flips"
-        )
-        for p in found
-    ), found
+@pytest.mark.parametrize(
+    "relabel, problem",
+    [
+        (
+            _relabel_geometry,
+            "recorded inconclusive (geometry), yet it carries figures (they grade corrupted)",
+        ),
+        (
+            _relabel_error,
+            "recorded error, yet its figures grade corrupted (wave1: 14 forward flips",
+        ),
+    ],
+    ids=["geometry", "error"],
+)
+def test_a_corrupted_run_relabelled_is_named(good, tmp_path, relabel, problem):
+    found = _forge(good, tmp_path, "runs/fault/cold-race.json", relabel)
+    assert any(p.startswith(f"runs/fault/cold-race.json: {problem}") for p in found), found
 
 
 @pytest.mark.parametrize("relabel", [_relabel_error, _relabel_geometry], ids=["error", "geometry"])
