@@ -286,37 +286,37 @@ TINY_NEEDLE_CUDA: dict[str, Any] = {
     "why_arms": TINY_NEEDLE.why_arms,
 }
 
+# What upstream's reproducer sets for the published models it runs, on the GPU.
+UPSTREAM_GPU_SETTINGS: dict[str, Any] = {
+    "device": "cuda",
+    "signal": "needle",
+    "max_model_len": UPSTREAM_MAX_MODEL_LEN,
+    "cold_race_budget": UPSTREAM_COLD_RACE_BUDGET,
+    "multi_turn_budget": None,
+    "gpu_memory_utilization": UPSTREAM_GPU_MEMORY_UTILIZATION,
+}
+
 QWEN = Profile(
+    **UPSTREAM_GPU_SETTINGS,
     name="qwen3.6-27b-fp8",
     model="Qwen/Qwen3.6-27B-FP8",
-    device="cuda",
     tensor_parallel_size=1,
     min_gpus=1,
     min_gpu_memory_gib=80,
-    signal="needle",
     # Upstream: Qwen corrupts under the cold-race geometry even with APC off, so the control
     # gate cannot grade the cache there; only the multi-turn arm runs.
     arms=("multi-turn",),
-    max_model_len=UPSTREAM_MAX_MODEL_LEN,
-    cold_race_budget=UPSTREAM_COLD_RACE_BUDGET,
-    multi_turn_budget=None,
-    gpu_memory_utilization=UPSTREAM_GPU_MEMORY_UTILIZATION,
     why_arms="multi-turn only: upstream's cold-race control is too weak on Qwen",
 )
 
 NEMOTRON = Profile(
+    **UPSTREAM_GPU_SETTINGS,
     name="nemotron-super",
     model="nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16",
-    device="cuda",
     tensor_parallel_size=4,
     min_gpus=4,
     min_gpu_memory_gib=140,
-    signal="needle",
     arms=ARMS,
-    max_model_len=UPSTREAM_MAX_MODEL_LEN,
-    cold_race_budget=UPSTREAM_COLD_RACE_BUDGET,
-    multi_turn_budget=None,
-    gpu_memory_utilization=UPSTREAM_GPU_MEMORY_UTILIZATION,
     why_arms="both arms, as upstream",
 )
 

@@ -10,6 +10,25 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+# Recipe entries the config takes under the same name, as they are.
+_RECIPE_KEYS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "max_position_embeddings",
+    "initializer_range",
+    "num_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "shared_expert_intermediate_size",
+)
+
 
 def config_for(recipe: dict, vocab: int, *, eos_token_id: int | None, pad_token_id: int | None):
     """The transformers config of `recipe` (also what config.json records)."""
@@ -17,23 +36,9 @@ def config_for(recipe: dict, vocab: int, *, eos_token_id: int | None, pad_token_
 
     return Qwen3NextConfig(
         vocab_size=vocab,
-        hidden_size=recipe["hidden_size"],
-        intermediate_size=recipe["intermediate_size"],
+        **{key: recipe[key] for key in _RECIPE_KEYS},
         num_hidden_layers=len(recipe["layer_types"]),
         layer_types=list(recipe["layer_types"]),
-        num_attention_heads=recipe["num_attention_heads"],
-        num_key_value_heads=recipe["num_key_value_heads"],
-        head_dim=recipe["head_dim"],
-        linear_key_head_dim=recipe["linear_key_head_dim"],
-        linear_value_head_dim=recipe["linear_value_head_dim"],
-        linear_num_key_heads=recipe["linear_num_key_heads"],
-        linear_num_value_heads=recipe["linear_num_value_heads"],
-        max_position_embeddings=recipe["max_position_embeddings"],
-        initializer_range=recipe["initializer_range"],
-        num_experts=recipe["num_experts"],
-        num_experts_per_tok=recipe["num_experts_per_tok"],
-        moe_intermediate_size=recipe["moe_intermediate_size"],
-        shared_expert_intermediate_size=recipe["shared_expert_intermediate_size"],
         mlp_only_layers=list(recipe.get("mlp_only_layers", [])),
         rms_norm_eps=recipe.get("rms_norm_eps", 1e-6),
         tie_word_embeddings=False,

@@ -322,12 +322,20 @@ def test_extra_file(good, tmp_path):
     assert found == ["extra file 'runs/clean/notes.txt' is not in MANIFEST.json"]
 
 
-def test_schema_invalid_artifact_with_consistent_hashes(good, tmp_path):
+def _forge(good: Path, tmp_path: Path, name: str, edit) -> list[str]:
+    """Edit one artifact, keep every hash consistent, and return what verify names."""
     files = members_of(good)
-    doc = json.loads(files["runs/clean/multi-turn.json"])
-    del doc["hardware"]["cpu"]["model"]
-    files["runs/clean/multi-turn.json"] = json.dumps(doc).encode()
-    found = problems(repack(good, tmp_path / "s.tar.gz", files, rehash=True))
+    doc = json.loads(files[name])
+    edit(doc)
+    files[name] = json.dumps(doc).encode()
+    return problems(repack(good, tmp_path / "forged.tar.gz", files, rehash=True))
+
+
+def test_schema_invalid_artifact_with_consistent_hashes(good, tmp_path):
+    def edit(doc):
+        del doc["hardware"]["cpu"]["model"]
+
+    found = _forge(good, tmp_path, "runs/clean/multi-turn.json", edit)
     assert found == [
         "runs/clean/multi-turn.json: does not match schemas/run-artifact.v1.schema.json: "
         "$.hardware.cpu.model: required property is missing"
@@ -335,11 +343,10 @@ def test_schema_invalid_artifact_with_consistent_hashes(good, tmp_path):
 
 
 def test_verdict_that_does_not_follow_from_its_figures(good, tmp_path):
-    files = members_of(good)
-    doc = json.loads(files["runs/fault/cold-race.json"])
-    doc["verdict"] = {"status": "clean", "gate": None, "reason": "no one-sided flips"}
-    files["runs/fault/cold-race.json"] = json.dumps(doc).encode()
-    found = problems(repack(good, tmp_path / "v.tar.gz", files, rehash=True))
+    def edit(doc):
+        doc["verdict"] = {"status": "clean", "gate": None, "reason": "no one-sided flips"}
+
+    found = _forge(good, tmp_path, "runs/fault/cold-race.json", edit)
     assert any(
         p.startswith(
             "runs/fault/cold-race.json: recorded verdict clean does not follow from its "
@@ -350,11 +357,10 @@ def test_verdict_that_does_not_follow_from_its_figures(good, tmp_path):
 
 
 def test_figures_edited_to_fit_a_verdict(good, tmp_path):
-    files = members_of(good)
-    doc = json.loads(files["runs/fault/multi-turn.json"])
-    doc["figures"]["waves"][1]["forward_flips"] = 0
-    files["runs/fault/multi-turn.json"] = json.dumps(doc).encode()
-    found = problems(repack(good, tmp_path / "f.tar.gz", files, rehash=True))
+    def edit(doc):
+        doc["figures"]["waves"][1]["forward_flips"] = 0
+
+    found = _forge(good, tmp_path, "runs/fault/multi-turn.json", edit)
     assert any("wave2.forward_flips recorded 0, re-derived 30" in p for p in found), found
 
 
@@ -432,15 +438,6 @@ def test_streamed_atomic_output_keeps_the_old_file_on_failure(tmp_path):
 # --- relabelled verdicts: every verdict whose figures exist is re-derived, current rules ----
 
 
-def _forge(good: Path, tmp_path: Path, name: str, edit) -> list[str]:
-    """Edit one artifact, keep every hash consistent, and return what verify names."""
-    files = members_of(good)
-    doc = json.loads(files[name])
-    edit(doc)
-    files[name] = json.dumps(doc).encode()
-    return problems(repack(good, tmp_path / "forged.tar.gz", files, rehash=True))
-
-
 def _relabel_geometry(doc):
     doc["verdict"] = {"status": "inconclusive", "gate": "geometry", "reason": "geometry"}
 
@@ -450,26 +447,23 @@ def _relabel_error(doc):
     doc["error"] = {"type": "ArmProcessFailed", "message": "engine died", "phase": "arm"}
 
 
-def test_a_corrupted_run_relabelled_geometry_gated_is_named(good, tmp_path):
-    found = _forge(good, tmp_path, "runs/fault/cold-race.json", _relabel_geometry)
-    assert any(
-        p.startswith(
-            "runs/fault/cold-race.json: recorded inconclusive (geometry), yet it "
-            "carries figures (they grade corrupted)"
-        )
-        for p in found
-    ), found
-
-
-def test_a_corrupted_run_relabelled_error_is_named(good, tmp_path):
-    found = _forge(good, tmp_path, "runs/fault/cold-race.json", _relabel_error)
-    assert any(
-        p.startswith(
-            "runs/fault/cold-race.json: recorded error, yet its figures grade "
-            "corrupted (wave1: 14 forward flips"
-        )
-        for p in found
-    ), found
+@pytest.mark.parametrize(
+    "relabel, problem",
+    [
+        (
+            _relabel_geometry,
+            "recorded inconclusive (geometry), yet it carries figures (they grade corrupted)",
+        ),
+        (
+            _relabel_error,
+            "recorded error, yet its figures grade corrupted (wave1: 14 forward flips",
+        ),
+    ],
+    ids=["geometry", "error"],
+)
+def test_a_corrupted_run_relabelled_is_named(good, tmp_path, relabel, problem):
+    found = _forge(good, tmp_path, "runs/fault/cold-race.json", relabel)
+    assert any(p.startswith(f"runs/fault/cold-race.json: {problem}") for p in found), found
 
 
 @pytest.mark.parametrize("relabel", [_relabel_error, _relabel_geometry], ids=["error", "geometry"])

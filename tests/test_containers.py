@@ -315,6 +315,19 @@ def images_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("images")
 
 
+def _build_cpu_image(docker_client, base_image, images_dir: Path, wheelhouse: Path):
+    """The CPU image of these tests, from the wheelhouse; the rebuild test builds it again."""
+    return build.build_cpu_image(
+        docker_client,
+        base=base_image.tag,
+        vllm_version="0.32.0",
+        tag=CPU_TAG,
+        out_dir=images_dir,
+        wheelhouse=wheelhouse,
+        log=lambda _m: None,
+    )
+
+
 @pytest.fixture(scope="session")
 def cpu_image(docker_client, base_image, wheelhouse, images_dir):
     """The CPU image from the wheelhouse (cold: several minutes; with the layer cache: seconds)."""
@@ -324,15 +337,7 @@ def cpu_image(docker_client, base_image, wheelhouse, images_dir):
         previous = docker_client.images.get(CPU_TAG).id
     except docker.errors.ImageNotFound:
         previous = None
-    record = build.build_cpu_image(
-        docker_client,
-        base=base_image.tag,
-        vllm_version="0.32.0",
-        tag=CPU_TAG,
-        out_dir=images_dir,
-        wheelhouse=wheelhouse,
-        log=lambda _m: None,
-    )
+    record = _build_cpu_image(docker_client, base_image, images_dir, wheelhouse)
     # Each session's image is new (its labels carry the build time), so the last session's
     # would stay behind untagged: about 5 GB per test run in vfs storage, enough to fill a
     # developer's disk. Its layers stay cached where the new image shares them.
@@ -391,15 +396,7 @@ def test_cpu_image_record_validates_and_names_the_wheelhouse(cpu_image, images_d
 def test_rebuild_with_same_inputs_uses_the_layer_cache(
     docker_client, cpu_image, base_image, images_dir, wheelhouse
 ):
-    again = build.build_cpu_image(
-        docker_client,
-        base=base_image.tag,
-        vllm_version="0.32.0",
-        tag=CPU_TAG,
-        out_dir=images_dir,
-        wheelhouse=wheelhouse,
-        log=lambda _m: None,
-    )
+    again = _build_cpu_image(docker_client, base_image, images_dir, wheelhouse)
     steps = again.record["build"]
     # Every step that runs a command or copies files is cached: only metadata steps remain.
     assert steps["cached_steps"] >= 5, steps

@@ -454,7 +454,8 @@ def test_the_0_26_0_image_and_install_set_from_one_lock(docker_client, tmp_path)
     wheelhouse = Path(os.environ.get("REPRO_CUDA_WHEELHOUSE") or tmp_path / "wheelhouse")
     cuda.make_cuda_wheelhouse(LOCK_026, wheelhouse)
     tag = "repro-test/cuda:vllm-0.26.0"
-    built = cuda.build_cuda_image(
+    build = functools.partial(
+        cuda.build_cuda_image,
         docker_client,
         vllm_ref="0.26.0",
         lock_path=LOCK_026,
@@ -462,20 +463,14 @@ def test_the_0_26_0_image_and_install_set_from_one_lock(docker_client, tmp_path)
         out_dir=tmp_path / "records",
         wheelhouse=wheelhouse,
     )
+    built = build()
     try:
         check = built.record["check"]
         assert check["torch"]["version"] == "2.11.0" and check["torch"]["cuda"] == "13.0"
         assert check["vllm"]["version"] == "0.26.0" and check["label_problems"] == []
         assert check["lock"]["mismatched"] == [] and check["repro_help_runs"]
         assert built.record["build"]["check_s"] > 0
-        again = cuda.build_cuda_image(
-            docker_client,
-            vllm_ref="0.26.0",
-            lock_path=LOCK_026,
-            tag=tag,
-            out_dir=tmp_path / "records",
-            wheelhouse=wheelhouse,
-        )
+        again = build()  # the same inputs again
         assert again.id == built.id
         assert again.record["build"]["cached_steps"] == again.record["build"]["steps"] - 2
 

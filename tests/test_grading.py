@@ -38,9 +38,9 @@ def logprob_wave(hit: list[float], cold: list[float], name="wave1") -> Wave:
     )
 
 
-def grade_needle(*waves, engagement=ENGAGED, liveness=LIVE):
+def grade_needle(*waves, engagement=ENGAGED, liveness=LIVE, **options):
     return grading.grade(
-        signal="needle", waves=list(waves), engagement=engagement, liveness=liveness
+        signal="needle", waves=list(waves), engagement=engagement, liveness=liveness, **options
     )
 
 
@@ -270,15 +270,9 @@ def control_wave(n: int, control_misses: int, *, name: str, identical: bool = Fa
     return Wave(name, requests, 1, 1, distinct_rule=identical)
 
 
-def grade_up(*waves, engagement=ENGAGED, liveness=LIVE, require_hits=True):
-    return grading.grade(
-        signal="needle",
-        waves=list(waves),
-        engagement=engagement,
-        liveness=liveness,
-        rules=UP,
-        require_hits=require_hits,
-    )
+def grade_up(*waves, **options):
+    """A needle verdict under upstream's rules."""
+    return grade_needle(*waves, rules=UP, **options)
 
 
 def test_upstream_cold_race_control_fails_only_when_every_wave1_answer_misses():

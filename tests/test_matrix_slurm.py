@@ -61,6 +61,13 @@ def matrix(*args: str, **kw) -> subprocess.Popen:
     )
 
 
+def slurm_matrix(conditions_path: Path, out: Path, *args: str) -> subprocess.Popen:
+    """`repro matrix` of the conditions at ``conditions_path`` into ``out``, through Slurm."""
+    return matrix(
+        "--conditions", str(conditions_path), "--out", str(out), "--executor", "slurm", *args
+    )
+
+
 def conditions(tmp_path: Path, *names: str, fault_on: str | None = None) -> Path:
     path = tmp_path / "conditions.toml"
     path.write_text(
@@ -110,18 +117,7 @@ def check_error_cell(out: Path, cell: dict, words: str) -> None:
 def test_a_real_matrix_through_slurm_then_resumed_locally(slurm, tmp_path, engine_python):
     path = conditions(tmp_path, "stock", "fault", fault_on="fault")
     out = tmp_path / "m"
-    run = matrix(
-        "--conditions",
-        str(path),
-        "--out",
-        str(out),
-        "--executor",
-        "slurm",
-        "--max-parallel",
-        "1",
-        "--poll",
-        "2",
-    )
+    run = slurm_matrix(path, out, "--max-parallel", "1", "--poll", "2")
     stdout, stderr = run.communicate(timeout=3600)
     doc = json.loads((out / "matrix.json").read_text())
     assert schema_violations(doc, "matrix") == []
@@ -147,13 +143,9 @@ STANDIN = 'if [ "$SLURM_ARRAY_TASK_ID" = 0 ]; then sleep 600; else echo stand-in
 
 def test_a_cancelled_task_and_a_failed_one_are_errors_with_their_logs(slurm, tmp_path):
     out = tmp_path / "m"
-    run = matrix(
-        "--conditions",
-        str(conditions(tmp_path, "cancelled", "failed")),
-        "--out",
-        str(out),
-        "--executor",
-        "slurm",
+    run = slurm_matrix(
+        conditions(tmp_path, "cancelled", "failed"),
+        out,
         "--poll",
         "1",
         "--slurm-task-standin",
@@ -173,13 +165,9 @@ def test_a_cancelled_task_and_a_failed_one_are_errors_with_their_logs(slurm, tmp
 
 def test_a_task_past_its_time_limit_is_an_error(slurm, tmp_path):
     out = tmp_path / "m"
-    run = matrix(
-        "--conditions",
-        str(conditions(tmp_path, "slow")),
-        "--out",
-        str(out),
-        "--executor",
-        "slurm",
+    run = slurm_matrix(
+        conditions(tmp_path, "slow"),
+        out,
         "--poll",
         "2",
         "--time-limit",
@@ -195,13 +183,9 @@ def test_a_task_past_its_time_limit_is_an_error(slurm, tmp_path):
 def test_a_node_that_dies_mid_array_fails_its_tasks_only(slurm, tmp_path):
     out = tmp_path / "m"
     path = conditions(tmp_path, "on-dead-node", "after")
-    run = matrix(
-        "--conditions",
-        str(path),
-        "--out",
-        str(out),
-        "--executor",
-        "slurm",
+    run = slurm_matrix(
+        path,
+        out,
         "--poll",
         "1",
         "--max-parallel",
@@ -238,29 +222,32 @@ def test_a_node_that_dies_mid_array_fails_its_tasks_only(slurm, tmp_path):
 
 def test_dry_run_on_a_gpu_profile_prints_the_array(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "repro",
-            "matrix",
-            "--vllm",
-            "0.32.0",
-            "--profile",
-            "nemotron-super",
-            "--executor",
-            "slurm",
-            "--dry-run",
-            "--container-image",
-            "/images/repro-kit-cuda.sqsh",
-            "--out",
-            str(tmp_path / "m"),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+
+    def dry_run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "repro",
+                "matrix",
+                "--vllm",
+                "0.32.0",
+                "--profile",
+                "nemotron-super",
+                "--executor",
+                "slurm",
+                "--dry-run",
+                *args,
+                "--out",
+                str(tmp_path / "m"),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+    done = dry_run("--container-image", "/images/repro-kit-cuda.sqsh")
     assert done.returncode == 0, done.stderr
     text = done.stdout
     for words in (
@@ -274,25 +261,5 @@ def test_dry_run_on_a_gpu_profile_prints_the_array(tmp_path):
     ):
         assert words in text, words
     assert not (tmp_path / "m").exists()  # nothing submitted, nothing written
-    refused = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "repro",
-            "matrix",
-            "--vllm",
-            "0.32.0",
-            "--profile",
-            "nemotron-super",
-            "--executor",
-            "slurm",
-            "--dry-run",
-            "--out",
-            str(tmp_path / "m"),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    refused = dry_run()
     assert refused.returncode == 2 and "give --container-image" in refused.stderr

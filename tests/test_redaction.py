@@ -76,20 +76,25 @@ def test_recorded_environment_drops_every_name_the_scanner_calls_secret():
     assert redact_env(env) == {"VLLM_ATTENTION_BACKEND": "FLASH_ATTN"}
 
 
-def test_a_crash_record_is_written_with_its_log_tail_masked(tmp_path):
-    (tmp_path / "logs").mkdir()
-    (tmp_path / "logs" / "cold-race.log").write_text(
-        "loading\n" + "".join(f"{v}\n" for v in SECRETS.values()) + "Killed\n"
-    )
-    context = RunContext.new(
+def _crash_context(tmp_path: Path, arm: str) -> RunContext:
+    """The context of a tiny run's ``arm`` whose engine crashed."""
+    return RunContext.new(
         run_id="crash",
-        arm="cold-race",
+        arm=arm,
         command=["repro", "run"],
         profile=get_profile("tiny"),
         model_path=str(tmp_path / "model"),
         overrides={},
         fault_kind=None,
     )
+
+
+def test_a_crash_record_is_written_with_its_log_tail_masked(tmp_path):
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "cold-race.log").write_text(
+        "loading\n" + "".join(f"{v}\n" for v in SECRETS.values()) + "Killed\n"
+    )
+    context = _crash_context(tmp_path, "cold-race")
     doc = runner.write_error_record(
         arm="cold-race",
         context=context,
@@ -104,15 +109,7 @@ def test_a_crash_record_is_written_with_its_log_tail_masked(tmp_path):
 
 
 def test_a_crash_record_whose_message_quotes_a_secret_is_masked_not_lost(tmp_path):
-    context = RunContext.new(
-        run_id="crash",
-        arm="multi-turn",
-        command=["repro", "run"],
-        profile=get_profile("tiny"),
-        model_path=str(tmp_path / "model"),
-        overrides={},
-        fault_kind=None,
-    )
+    context = _crash_context(tmp_path, "multi-turn")
     runner.write_error_record(
         arm="multi-turn",
         context=context,

