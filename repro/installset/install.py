@@ -18,8 +18,8 @@ import subprocess
 import sys
 import time
 import zipfile
+from collections import namedtuple
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +38,18 @@ _NAME, _VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*"), re.compile(r"[A-Za-
 # machine's constraints, find-links and indexes are not the host's).
 _PIP_KEEP = {f"PIP_{k}" for k in "CACHE_DIR CERT CLIENT_CERT DEFAULT_TIMEOUT NO_CACHE_DIR".split()}
 _PIP_KEEP |= {"PIP_PROXY", "PIP_RETRIES", "PIP_TRUSTED_HOST"}
+Verified = namedtuple("Verified", "manifest manifest_sha256 parts")
+Installed = namedtuple(
+    "Installed", "target manifest_sha256 wheels timings already", defaults=[False]
+)
 
 
 class ManifestInvalid(InstallSetError):
     """The manifest is not one the kit wrote (or not of a version this installer knows)."""
+
+
+class UnsafeArchive(InstallSetError):
+    """A wheel holds a member the installer will not let pip write."""
 
 
 class PartsInvalid(InstallSetError):
@@ -49,15 +57,11 @@ class PartsInvalid(InstallSetError):
 
     def __init__(self, problems: list[str], parts_dir: Path) -> None:
         self.problems = problems
-        lines = "\n".join(f"  - {p}" for p in problems)
+        lines = "".join(f"  - {p}\n" for p in problems)
         super().__init__(
-            f"refusing the install set in {parts_dir}: {len(problems)} problem(s)\n{lines}\n"
+            f"refusing the install set in {parts_dir}: {len(problems)} problem(s)\n{lines}"
             "Copy the named part(s) again from the build's output folder; nothing was installed."
         )
-
-
-class UnsafeArchive(InstallSetError):
-    """A wheel holds a member the installer will not let pip write."""
 
 
 def human_bytes(n: float) -> str:
@@ -89,18 +93,15 @@ class Steps:
             self.say(f"{name}: {self.timings[name]:.1f} s")
 
 
-def run_pip(args: Sequence[str], *, what: str) -> str:
-    """``python -m pip ARGS`` with no pip configuration but the network's; on failure raise
-    with pip's last lines."""
+def run_pip(args: Sequence[str], *, what: str) -> None:
+    """``python -m pip ARGS`` with none of this machine's pip settings but the network's."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") or k in _PIP_KEEP}
     env |= {"PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
     env |= {"PIP_NO_INPUT": "1", "PYTHONUTF8": "1"}
     cmd = [sys.executable, "-m", "pip", *args]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
+    if (proc := subprocess.run(cmd, env=env, capture_output=True, text=True)).returncode:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-30:])
         raise InstallSetError(f"pip failed while {what} (exit {proc.returncode}):\n{tail}")
-    return proc.stdout
 
 
 def stream_sha256(paths: Sequence[Path]) -> str:
@@ -139,8 +140,7 @@ def unpacked_bytes(paths: Sequence[Path], *, check_members: bool = False) -> int
             with zipfile.ZipFile(path) as zf:
                 for info in zf.infolist():
                     parts = info.filename.replace("\\", "/").split("/")
-                    escapes = info.filename.startswith(("/", "\\")) or ":" in parts[0]
-                    if check_members and (escapes or ".." in parts):
+                    if check_members and (parts[0] == "" or ":" in parts[0] or ".." in parts):
                         raise UnsafeArchive(
                             f"{path.name}: member {info.filename!r} leaves the install "
                             "folder; refusing to install (the kit's builds ship index wheels)"
@@ -162,14 +162,13 @@ def _files(doc: dict[str, Any], key: str, name_key: str) -> list[dict[str, Any]]
     entries = doc.get(key)
     _require(isinstance(entries, list) and entries, f"$.{key} is missing or empty")
     for i, entry in enumerate(entries):
-        where = f"$.{key}[{i}]"
-        _require(isinstance(entry, dict), f"{where} is not an object")
+        _require(isinstance(entry, dict), f"$.{key}[{i}] is not an object")
         name, size = entry.get(name_key), entry.get("bytes")
         plain = isinstance(name, str) and _FILE_NAME.fullmatch(name) and ".." not in name
-        _require(plain, f"{where}.{name_key} {name!r} is not a plain file name")
-        _require(type(size) is int and size > 0, f"{where}.bytes is not a positive whole number")
+        _require(plain, f"$.{key}[{i}].{name_key} {name!r} is not a plain file name")
+        _require(type(size) is int and size > 0, f"$.{key}[{i}].bytes is not a positive integer")
         sha = _SHA256.fullmatch(str(entry.get("sha256")))
-        _require(sha, f"{where}.sha256 is not 64 lower-case hex digits")
+        _require(sha, f"$.{key}[{i}].sha256 is not 64 lower-case hex digits")
     return entries
 
 
@@ -177,11 +176,9 @@ def check_structure(doc: Any) -> None:
     """Raise ``ManifestInvalid`` unless ``doc`` has what ``verify``/``install`` rely on (the
     host has no jsonschema; the build validated against schemas/install-set.v2.schema.json)."""
     _require(isinstance(doc, dict) and doc.get("format") == FORMAT, f"not a {FORMAT} manifest")
-    _require(
-        doc.get("format_version") == FORMAT_VERSION,
-        f"format_version {doc.get('format_version')!r}; this installer reads version "
-        f"{FORMAT_VERSION} only (use the kit checkout the set was built with)",
-    )
+    version = doc.get("format_version")
+    readable = f"this installer reads {FORMAT_VERSION} only (use the kit the set was built with)"
+    _require(version == FORMAT_VERSION, f"format_version {version!r}; {readable}")
     parts, wheels = _files(doc, "parts", "name"), _files(doc, "wheels", "filename")
     stream = doc.get("stream")
     ok = isinstance(stream, dict) and _SHA256.fullmatch(str(stream.get("sha256")))
@@ -190,11 +187,8 @@ def check_structure(doc: Any) -> None:
         whole = type(stream.get(key)) is int and stream[key] >= 0
         _require(whole, f"$.stream.{key} is not a whole number")
     for name, files in (("parts", parts), ("wheels", wheels)):
-        total = sum(e["bytes"] for e in files)
-        _require(
-            total == stream["bytes"],
-            f"the {name} add up to {total} bytes, the stream has {stream['bytes']}",
-        )
+        total, want = sum(e["bytes"] for e in files), stream["bytes"]
+        _require(total == want, f"the {name} add up to {total} bytes, the stream has {want}")
     names = [p["name"] for p in parts] + [w["filename"] for w in wheels]
     _require(len(set(names)) == len(names), "part or wheel names repeat")
     for w in wheels:
@@ -219,13 +213,6 @@ def load_manifest(parts_dir: str | Path) -> tuple[dict[str, Any], str]:
     return doc, hashlib.sha256(data).hexdigest()
 
 
-@dataclass
-class Verified:
-    manifest: dict[str, Any]
-    manifest_sha256: str
-    parts: list[Path]
-
-
 def verify(parts_dir: str | Path, *, steps: Steps | None = None) -> Verified:
     """Check every part and the parts joined against the manifest; raise ``PartsInvalid``."""
     steps, parts_dir = steps or Steps(), Path(parts_dir)
@@ -236,41 +223,27 @@ def verify(parts_dir: str | Path, *, steps: Steps | None = None) -> Verified:
     problems: list[str] = []
     with steps.step(f"verify {len(parts)} part(s), {human_bytes(stream['bytes'])}"):
         for i, (part, path) in enumerate(zip(parts, paths, strict=True), start=1):
-            label, want = f"part {i}/{len(parts)} {part['name']}", part["bytes"]
-            want_sha = part["sha256"]
+            label = f"part {i}/{len(parts)} {part['name']}"
+            want, want_sha = part["bytes"], part["sha256"]
             if not path.is_file():
                 problems.append(f"{label}: missing (expected {want} bytes, sha256 {want_sha})")
                 continue
             size, found = path.stat().st_size, sha256_file(path)
             if size != want:
                 how = "truncated" if size < want else "longer than built"
-                problems.append(
-                    f"{label}: {how}: expected {want} bytes, found {size} "
-                    f"(sha256 expected {want_sha}, found {found})"
-                )
+                shas = f"sha256 expected {want_sha}, found {found}"
+                problems.append(f"{label}: {how}: expected {want} bytes, found {size} ({shas})")
             elif found != want_sha:
-                problems.append(
-                    f"{label}: corrupted: sha256 expected {want_sha}, found {found} "
-                    f"(size {size} bytes as expected)"
-                )
+                shas = f"sha256 expected {want_sha}, found {found}"
+                problems.append(f"{label}: corrupted: {shas} (size {size} bytes as expected)")
             else:
                 steps.say(f"  {label}: ok ({human_bytes(size)})")
         if not problems and (found := stream_sha256(paths)) != stream["sha256"]:
-            problems.append(
-                f"the parts joined in order: sha256 expected {stream['sha256']}, found {found}"
-            )
+            shas = f"sha256 expected {stream['sha256']}, found {found}"
+            problems.append(f"the parts joined in order: {shas}")
     if problems:
         raise PartsInvalid(problems, parts_dir)
     return Verified(manifest, manifest_sha, paths)
-
-
-@dataclass
-class Installed:
-    target: Path
-    manifest_sha256: str
-    wheels: int
-    timings: dict[str, float]
-    already: bool = False
 
 
 def _cut_wheels(checked: Verified, folder: Path) -> list[Path]:
@@ -304,8 +277,7 @@ def _check_target(target: Path, manifest_sha: str, replace: bool) -> bool:
     if not target.is_dir():
         raise InstallSetError(f"target {target} exists and is not a folder")
     try:
-        marker = json.loads((target / MARKER_NAME).read_text(encoding="utf-8"))
-        marker_sha = marker.get("manifest_sha256")
+        marker_sha = json.loads((target / MARKER_NAME).read_bytes()).get("manifest_sha256")
     except (OSError, ValueError, AttributeError):
         marker_sha = None
     if marker_sha == manifest_sha and not replace:
@@ -315,8 +287,7 @@ def _check_target(target: Path, manifest_sha: str, replace: bool) -> bool:
             f"target {target} is not empty and holds no install of this set: give an "
             "empty or new folder, or --replace to swap it for this set"
         )
-    if any(target.iterdir()) and marker_sha is None:
-        # --replace deletes the old folder: only ever one this installer wrote.
+    if any(target.iterdir()) and marker_sha is None:  # --replace deletes only what it wrote
         raise InstallSetError(
             f"target {target} is not empty and has no {MARKER_NAME}: it is not an install "
             "set this kit installed, so --replace will not delete it. Give an empty or new "
