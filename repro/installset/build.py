@@ -59,28 +59,18 @@ def download(packages: Sequence[Locked], dest: Path, target: Target, *, log=prin
     chosen = [(pkg, choose_wheel(pkg, target, priority)) for pkg in packages]
     size = sum(w.size or 0 for _, w in chosen)
     log(f"downloading {len(chosen)} wheel(s), {human_bytes(size)} (pip, --require-hashes)")
+    lines = "".join(f"{p.name} @ {w.url} --hash=sha256:{w.sha256}\n" for p, w in chosen)
     with tempfile.TemporaryDirectory(prefix="installset-") as tmp:
-        requirements = Path(tmp) / "requirements.txt"
-        write_text_atomic(
-            requirements,
-            "".join(f"{p.name} @ {w.url} --hash=sha256:{w.sha256}\n" for p, w in chosen),
-        )
+        (requirements := Path(tmp) / "requirements.txt").write_text(lines, encoding="utf-8")
         install.run_pip(
             ["download", "--no-deps", "--require-hashes", "--progress-bar", "off"]
             + ["--dest", str(dest), *target.pip_args(), "-r", str(requirements)],
             what=f"downloading {len(chosen)} wheel(s)",
         )
+    paths = [dest / w.filename for _, w in chosen]
     return [
-        Wheel(
-            p.name,
-            p.version,
-            w.filename,
-            (path := dest / w.filename).stat().st_size,
-            w.sha256,
-            w.url,
-            path,
-        )
-        for p, w in chosen
+        Wheel(p.name, p.version, w.filename, path.stat().st_size, w.sha256, w.url, path)
+        for (p, w), path in zip(chosen, paths, strict=True)
     ]
 
 
@@ -97,18 +87,12 @@ def write_parts(
             raise InstallSetError(f"{wheel.path}: sha256 {found}, not {wheel.sha256}")
     for old in out_dir.glob(f"{stem}.part*"):
         old.unlink()
-    sizes = {
-        out_dir / f"{stem}.part{i + 1:03d}": min(part_size, total - i * part_size)
-        for i in range(count)
-    }
-    install.recut([w.path for w in wheels], list(sizes.items()))
-    parts = [
-        {"name": path.name, "bytes": size, "sha256": sha256_file(path)}
-        for path, size in track(
-            sizes.items(), description=f"hashing the parts of {stem}", transient=True
-        )
-    ]
-    return parts, install.stream_sha256(list(sizes)), total
+    paths = [out_dir / f"{stem}.part{i:03d}" for i in range(1, count + 1)]
+    sizes = [min(part_size, total - i * part_size) for i in range(count)]
+    install.recut([w.path for w in wheels], list(zip(paths, sizes, strict=True)))
+    hashing = track(paths, description=f"hashing the parts of {stem}", transient=True)
+    parts = [{"name": p.name, "bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in hashing]
+    return parts, install.stream_sha256(paths), total
 
 
 def pack_set(

@@ -99,6 +99,11 @@ def make_lock(
             "the image's closure and the install set disagree:\n  " + "\n  ".join(problems)
         )
     resolver = subprocess.run([uv, "--version"], capture_output=True, text=True).stdout.strip()
+    host_doc = {
+        "freeze_file": str(freeze_file),
+        "freeze_sha256": host.sha256,
+        "packages": len(host),
+    }
     return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -111,9 +116,7 @@ def make_lock(
         "platforms": list(target.platforms),
         "index_url": compiler.index_url,
         "extra_index_urls": list(extra_index_urls),
-        "host": None
-        if freeze_file is None
-        else {"freeze_file": str(freeze_file), "freeze_sha256": host.sha256, "packages": len(host)},
+        "host": host_doc if freeze_file else None,
         "resolution": {
             "resolver": resolver or "uv pip compile",
             "uv_runs": res.rounds,
@@ -144,7 +147,7 @@ def read_lock(path: Path) -> dict[str, Any]:
         raise InstallSetError(
             f"{path} is not a {FORMAT} v{FORMAT_VERSION} file (format {doc.get('format')!r})"
         )
-    for pkg in doc.get("packages", []):
+    for pkg in doc.get("packages") or []:
         if pkg.get("origin") not in ORIGINS or not _SHA256.fullmatch(pkg.get("sha256", "")):
             raise InstallSetError(f"{path}: malformed package entry {pkg!r}")
     if not doc.get("packages"):
