@@ -229,12 +229,11 @@ def verify(parts_dir: str | Path, *, steps: Steps | None = None) -> Verified:
                 problems.append(f"{label}: missing (expected {want} bytes, sha256 {want_sha})")
                 continue
             size, found = path.stat().st_size, sha256_file(path)
+            shas = f"sha256 expected {want_sha}, found {found}"
             if size != want:
                 how = "truncated" if size < want else "longer than built"
-                shas = f"sha256 expected {want_sha}, found {found}"
                 problems.append(f"{label}: {how}: expected {want} bytes, found {size} ({shas})")
             elif found != want_sha:
-                shas = f"sha256 expected {want_sha}, found {found}"
                 problems.append(f"{label}: corrupted: {shas} (size {size} bytes as expected)")
             else:
                 steps.say(f"  {label}: ok ({human_bytes(size)})")
