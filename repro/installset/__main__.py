@@ -23,32 +23,14 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--vllm", metavar="VERSION", help="vLLM release, e.g. 0.26.0")
     b.add_argument("--python", help="the host's Python, X.Y or X.Y.Z (3.12)")
     b.add_argument("--for-host", type=Path, metavar="FREEZE", help="its `pip list --format=freeze`")
-    b.add_argument(
-        "--lock",
-        type=Path,
-        help="ship a wheel lock's install-set wheels (replaces --vllm, --python, --for-host)",
-    )
+    b.add_argument("--lock", type=Path, help="ship a wheel lock's install-set wheels instead")
     b.add_argument("--wheels-from", type=Path, help="with --lock: link wheels from this folder")
     b.add_argument("--out", required=True, type=Path, help="output folder (parts + manifest.json)")
-    # The default is build.DEFAULT_PART_SIZE, read when building (this module imports lazily).
-    b.add_argument("--part-size", default=None, help="size of each part (default 55MiB)")
-    b.add_argument(
-        "--platform",
-        action="append",
-        metavar="TAG",
-        help="the host's newest wheel tag, older glibc ones implied (manylinux_2_31_x86_64)",
-    )
+    b.add_argument("--part-size", default="55MiB", help="size of each part (default 55MiB)")
+    b.add_argument("--platform", action="append", metavar="TAG", help="newest tag the host runs")
     b.add_argument("--index-url", help="package index (default https://pypi.org/simple)")
-    b.add_argument(
-        "--exclude",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="leave this package (and what only it needs) out; repeatable",
-    )
-    b.add_argument(
-        "--include-optional", action="store_true", help="ship resolve.VLLM_OPTIONAL's too"
-    )
+    b.add_argument("--exclude", action="append", default=[], metavar="NAME", help="leave it out")
+    b.add_argument("--include-optional", action="store_true", help="ship VLLM_OPTIONAL's too")
     b.add_argument("--exclude-newer", metavar="DATE", help="ignore uploads after DATE (uv)")
     b.add_argument("--uv", metavar="PATH", help="the uv binary (default: on PATH or pip's uv)")
     for name, text in [("verify", "check the parts"), ("install", "verify, then pip-install")]:
@@ -60,11 +42,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _build(args: argparse.Namespace) -> None:
-    from repro.installset.build import DEFAULT_PART_SIZE, build_from_lock, build_vllm, parse_size
+    from repro.installset.build import build_from_lock, build_vllm, parse_size
     from repro.installset.host import DEFAULT_PLATFORM, Target
     from repro.installset.resolve import VLLM_OPTIONAL
 
-    size = parse_size(args.part_size) if args.part_size else DEFAULT_PART_SIZE
+    size = parse_size(args.part_size)
     if args.lock:
         if args.vllm or args.python or args.for_host:
             raise InstallSetError("--lock replaces --vllm, --python and --for-host")
@@ -74,11 +56,12 @@ def _build(args: argparse.Namespace) -> None:
         raise InstallSetError("build needs --vllm, --python and --for-host (or --lock)")
     exclude = {} if args.include_optional else dict(VLLM_OPTIONAL)
     exclude.update({name: "left out with --exclude" for name in args.exclude})
+    target = Target.create(args.python, args.platform or [DEFAULT_PLATFORM])
     build_vllm(
         args.vllm,
         args.for_host,
         args.out,
-        Target.create(args.python, args.platform or [DEFAULT_PLATFORM]),
+        target,
         part_size=size,
         exclude=exclude,
         index_url=args.index_url,

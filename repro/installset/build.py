@@ -6,43 +6,27 @@ manifest's order and cut into parts, so the same wheels give the same parts, byt
 
 from __future__ import annotations
 
-import hashlib
+import dataclasses
 import os
 import platform
 import re
 import shutil
+import tempfile
 import time
-import zipfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
-from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+from rich.progress import track
 
 from repro.artifact import schema_violations
 from repro.atomicio import sha256_file, write_json_atomic, write_text_atomic
 from repro.clock import utc_text
-from repro.installset import InstallSetError
+from repro.installset import InstallSetError, install
 from repro.installset.host import Target
-from repro.installset.install import (
-    FORMAT,
-    FORMAT_VERSION,
-    MANIFEST_NAME,
-    Joined,
-    ManifestInvalid,
-    Steps,
-    human_bytes,
-    verify,
-)
-from repro.installset.pipcmd import run_pip
-from repro.installset.resolve import (
-    Locked,
-    choose_wheel,
-    tag_priority,
-)
+from repro.installset.install import Steps, human_bytes, unpacked_bytes
+from repro.installset.resolve import Locked, choose_wheel, tag_priority
 
 DEFAULT_PART_SIZE = 55 * 1024 * 1024
 _UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "KI": 2**10, "MI": 2**20, "GI": 2**30}
@@ -56,7 +40,7 @@ def parse_size(text: str) -> int:
     return int(float(m[1]) * _UNITS[m[2] or ""])
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Wheel:
     name: str
     version: str
@@ -65,10 +49,6 @@ class Wheel:
     sha256: str
     url: str | None
     path: Path
-
-    def as_dict(self) -> dict[str, Any]:
-        keys = ("name", "version", "filename", "bytes", "sha256", "url")
-        return {k: getattr(self, k) for k in keys}
 
 
 def download(packages: Sequence[Locked], dest: Path, target: Target, *, log=print) -> list[Wheel]:
@@ -79,32 +59,19 @@ def download(packages: Sequence[Locked], dest: Path, target: Target, *, log=prin
     chosen = [(pkg, choose_wheel(pkg, target, priority)) for pkg in packages]
     size = sum(w.size or 0 for _, w in chosen)
     log(f"downloading {len(chosen)} wheel(s), {human_bytes(size)} (pip, --require-hashes)")
-    lines = [f"{p.name} @ {w.url} --hash=sha256:{w.sha256}\n" for p, w in chosen]
-    requirements = dest / ".requirements.txt"
-    write_text_atomic(requirements, "".join(lines))
-    run_pip(
-        ["download", "--no-deps", "--require-hashes", "--progress-bar", "off"]
-        + ["--dest", str(dest), *target.pip_args(), "-r", str(requirements)],
-        what=f"downloading {len(chosen)} wheel(s)",
-    )
-    requirements.unlink()
+    lines = "".join(f"{p.name} @ {w.url} --hash=sha256:{w.sha256}\n" for p, w in chosen)
+    with tempfile.TemporaryDirectory(prefix="installset-") as tmp:
+        (requirements := Path(tmp) / "requirements.txt").write_text(lines, encoding="utf-8")
+        install.run_pip(
+            ["download", "--no-deps", "--require-hashes", "--progress-bar", "off"]
+            + ["--dest", str(dest), *target.pip_args(), "-r", str(requirements)],
+            what=f"downloading {len(chosen)} wheel(s)",
+        )
     paths = [dest / w.filename for _, w in chosen]
     return [
         Wheel(p.name, p.version, w.filename, path.stat().st_size, w.sha256, w.url, path)
         for (p, w), path in zip(chosen, paths, strict=True)
     ]
-
-
-def unpacked_bytes(wheels: Sequence[Wheel]) -> int:
-    """What the wheels' members claim to unpack to: the installer's bound on pip."""
-    total = 0
-    for wheel in wheels:
-        try:
-            with zipfile.ZipFile(wheel.path) as zf:
-                total += sum(info.file_size for info in zf.infolist())
-        except (zipfile.BadZipFile, NotImplementedError, ValueError, EOFError) as exc:
-            raise InstallSetError(f"{wheel.path} is not a readable wheel ({exc})") from exc
-    return total
 
 
 def write_parts(
@@ -115,23 +82,17 @@ def write_parts(
     total = sum(w.bytes for w in wheels)
     if (count := -(-total // part_size)) > 999:
         raise InstallSetError("more than 999 parts: choose a larger --part-size")
-    for wheel in wheels:
+    for wheel in track(wheels, description="checking the wheels' sha256", transient=True):
         if (found := sha256_file(wheel.path)) != wheel.sha256:
             raise InstallSetError(f"{wheel.path}: sha256 {found}, not {wheel.sha256}")
     for old in out_dir.glob(f"{stem}.part*"):
         old.unlink()
-    whole, parts = hashlib.sha256(), []
-    columns = ("{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn())
-    with Progress(*columns, transient=True) as bar:
-        task = bar.add_task(f"parts of {stem}", total=total)
-        # Fed like a digest, the bar advances with every chunk read.
-        progress = SimpleNamespace(update=lambda chunk: bar.advance(task, len(chunk)))
-        stream = Joined([w.path for w in wheels], whole, progress)
-        for number in range(1, count + 1):
-            name = f"{stem}.part{number:03d}"
-            size, sha = stream.take(part_size, out_dir / name)
-            parts.append({"name": name, "bytes": size, "sha256": sha})
-    return parts, whole.hexdigest(), total
+    paths = [out_dir / f"{stem}.part{i:03d}" for i in range(1, count + 1)]
+    sizes = [min(part_size, total - i * part_size) for i in range(count)]
+    install.recut([w.path for w in wheels], list(zip(paths, sizes, strict=True)))
+    hashing = track(paths, description=f"hashing the parts of {stem}", transient=True)
+    parts = [{"name": p.name, "bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in hashing]
+    return parts, install.stream_sha256(paths), total
 
 
 def pack_set(
@@ -153,21 +114,17 @@ def pack_set(
     stem = f"{root['name']}-{root['version']}-{target.python_tag}.wheels"
     with steps.step(f"cut {len(wheels)} wheel(s) into parts"):
         parts, sha, size = write_parts(wheels, out_dir, stem, part_size)
+    unpacked = unpacked_bytes([w.path for w in wheels])
     manifest: dict[str, Any] = {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
+        "format": install.FORMAT,
+        "format_version": install.FORMAT_VERSION,
         "created": utc_text(),
         "root": dict(root),
         "python": {"version": target.python, "tag": target.python_tag},
         "platforms": list(target.platforms),
         "host": dict(host) if host is not None else None,
-        "wheels": [w.as_dict() for w in wheels],
-        "stream": {
-            "name": stem,
-            "bytes": size,
-            "sha256": sha,
-            "unpacked_bytes": unpacked_bytes(wheels),
-        },
+        "wheels": [{k: v for k, v in dataclasses.asdict(w).items() if k != "path"} for w in wheels],
+        "stream": {"name": stem, "bytes": size, "sha256": sha, "unpacked_bytes": unpacked},
         "part_size": part_size,
         "parts": parts,
         "install": {"command": "python3 -m repro.installset install --parts DIR --target TARGET"},
@@ -178,16 +135,16 @@ def pack_set(
             "tools": {"python": platform.python_version(), "pip": metadata.version("pip")},
         },
     }
-    problems = schema_violations(manifest, "install-set", FORMAT_VERSION)
-    if problems:
+    if problems := schema_violations(manifest, "install-set", install.FORMAT_VERSION):
         lines = "\n  ".join(problems)
-        raise ManifestInvalid(f"the manifest does not satisfy its schema:\n  {lines}")
-    write_json_atomic(out_dir / MANIFEST_NAME, manifest)
+        raise install.ManifestInvalid(f"the manifest does not satisfy its schema:\n  {lines}")
+    write_json_atomic(out_dir / install.MANIFEST_NAME, manifest)
     # `sha256sum -c SHA256SUMS` checks the parts where the kit is not at hand.
-    sums = "".join(f"{p['sha256']}  {p['name']}\n" for p in parts)
-    write_text_atomic(out_dir / "SHA256SUMS", sums)
+    write_text_atomic(
+        out_dir / "SHA256SUMS", "".join(f"{p['sha256']}  {p['name']}\n" for p in parts)
+    )
     with steps.step("verify the written set as the host will"):
-        checked = verify(out_dir, steps=steps)
+        checked = install.verify(out_dir, steps=steps)
     return checked.manifest, checked.manifest_sha256
 
 
@@ -242,9 +199,9 @@ def build_from_lock(
     packages = locked_packages(lock, ("install-set",))
     wheels_dir = out_dir / "wheels"
     wheels_dir.mkdir(parents=True, exist_ok=True)
-    for pkg in packages if wheels_from else ():
-        src, dst = Path(wheels_from) / pkg.wheels[0].filename, wheels_dir / pkg.wheels[0].filename
-        if src.is_file() and not dst.exists() and sha256_file(src) == pkg.wheels[0].sha256:
+    for wheel in (pkg.wheels[0] for pkg in packages if wheels_from):
+        src, dst = Path(wheels_from) / wheel.filename, wheels_dir / wheel.filename
+        if src.is_file() and not dst.exists() and sha256_file(src) == wheel.sha256:
             try:
                 os.link(src, dst)
             except OSError:

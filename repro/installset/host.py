@@ -18,7 +18,7 @@ from repro.installset import InstallSetError
 # needs, and it loads on the kit's H200 host (Ubuntu glibc 2.39, read 2026-11-30). A host
 # with an older glibc must pass its own tag; a newer tag only widens the choice of wheels.
 DEFAULT_PLATFORM = "manylinux_2_31_x86_64"
-_MANYLINUX = re.compile(r"^manylinux_(\d+)_(\d+)_(\w+)$")
+_MANYLINUX = re.compile(r"manylinux_2_(\d+)_(\w+)")
 # The legacy manylinux names and the glibc each stands for (PEP 600).
 _LEGACY = {"manylinux2014": 17, "manylinux2010": 12, "manylinux1": 5}
 _EGG = re.compile(r"[#&]egg=([A-Za-z0-9][A-Za-z0-9._-]*)")
@@ -76,18 +76,15 @@ def parse_freeze(text: str, *, source: str = "<memory>", sha256: str | None = No
         line = raw.split(" #", 1)[0].strip()
         if not line or line.startswith("#"):
             continue
-        pkg = _package(line)
-        if pkg is None:
+        if (pkg := _package(line)) is None:
             skipped.append(line)
             continue
-        key = canonicalize_name(pkg.name)
-        old = packages.get(key)
-        if old is not None and old.version != pkg.version:
+        old = packages.setdefault(canonicalize_name(pkg.name), pkg)
+        if old.version != pkg.version:
             raise InstallSetError(
                 f"{source}: {pkg.name} is listed twice with different versions "
                 f"({old.line!r} and {pkg.line!r}); give the host's real freeze output"
             )
-        packages[key] = pkg
     digest = sha256 or hashlib.sha256(text.encode("utf-8")).hexdigest()
     return HostEnv(packages, source=source, sha256=digest, skipped_lines=tuple(skipped))
 
@@ -98,9 +95,7 @@ def read_freeze(path: str | Path) -> HostEnv:
         data = Path(path).read_bytes()
     except OSError as exc:
         raise InstallSetError(f"cannot read the host's freeze file {path}: {exc}") from exc
-    env = parse_freeze(
-        data.decode("utf-8"), source=str(path), sha256=hashlib.sha256(data).hexdigest()
-    )
+    env = parse_freeze(data.decode(), source=str(path), sha256=hashlib.sha256(data).hexdigest())
     if not env.packages:
         raise InstallSetError(
             f"{path} names no packages; expected the output of `pip list --format=freeze` "
@@ -109,33 +104,37 @@ def read_freeze(path: str | Path) -> HostEnv:
     return env
 
 
+def _glibc(tag: str) -> tuple[int, str] | None:
+    """(glibc minor, machine) of a manylinux tag, legacy names included."""
+    if m := _MANYLINUX.fullmatch(tag):
+        return int(m[1]), m[2]
+    alias, _, machine = tag.partition("_")
+    return (_LEGACY[alias], machine) if alias in _LEGACY and machine else None
+
+
 def expand_platforms(platforms: Iterable[str]) -> list[str]:
     """Each ``manylinux_2_Y_arch`` with every older glibc tag of that machine, newest first,
     each legacy alias right after its ``manylinux_2_Y`` twin (pip's ``--platform`` takes tags
     literally, and a glibc 2.31 host also runs ``manylinux_2_28`` and ``manylinux2014``
     wheels); other tags (``linux_x86_64``) first, as given."""
     given = list(dict.fromkeys(platforms))
-    out = [t for t in given if not _MANYLINUX.match(t) and t.split("_")[0] not in _LEGACY]
+    out = [t for t in given if _glibc(t) is None]
     newest: dict[str, int] = {}
-    for tag in given:
-        if m := _MANYLINUX.match(tag):
-            newest[m[3]] = max(newest.get(m[3], 0), int(m[2]))
-        elif (alias := tag.split("_")[0]) in _LEGACY:
-            arch = tag[len(alias) + 1 :]
-            newest[arch] = max(newest.get(arch, 0), _LEGACY[alias])
-    for arch, top in newest.items():
+    for minor, machine in filter(None, map(_glibc, given)):
+        newest[machine] = max(newest.get(machine, 0), minor)
+    for machine, top in newest.items():
         for minor in range(top, 4, -1):
-            out.append(f"manylinux_2_{minor}_{arch}")
-            out += [f"{a}_{arch}" for a, lib in _LEGACY.items() if lib == minor]
+            out.append(f"manylinux_2_{minor}_{machine}")
+            out += [f"{a}_{machine}" for a, lib in _LEGACY.items() if lib == minor]
     return out
 
 
 def machine_of(platform: str) -> str | None:
     """``x86_64`` for ``manylinux_2_31_x86_64`` or ``linux_x86_64``; None if not Linux."""
-    if m := _MANYLINUX.match(platform):
-        return m[3]
+    if glibc := _glibc(platform):
+        return glibc[1]
     prefix, _, machine = platform.partition("_")
-    return machine or None if prefix in ("linux", *_LEGACY) else None
+    return (machine or None) if prefix == "linux" else None
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
 """Are the bare host's own packages the lock's wheels, file for file?
 
 Equal versions do not make equal files (another index, a patch), so both sides reduce each
-package to one digest over its files (``path,sha256`` sorted): ``installed_digests`` on the
-host (standard library only, also counting files changed since install), ``wheel_digests``
-from each lock wheel's RECORD, and ``compare``. Scripts (``..``) and the installer's own
-dist-info files are left out on both sides.
+package to one digest over its files (``path,sha256`` sorted), read by ``importlib.metadata``
+from its RECORD: on the host the files as they are now (standard library only; files changed
+since install are counted), in a wheel its RECORD's hashes. Scripts (``..``), a wheel's
+``.data/`` and the installer's own dist-info files are left out on both sides.
 
     python3 -m repro.installset.hostcheck digests --out host-digests.json      # on the host
     python -m repro.installset.hostcheck compare --lock LOCK --wheels DIR --digests FILE
@@ -13,10 +13,8 @@ dist-info files are left out on both sides.
 from __future__ import annotations
 
 import base64
-import csv
 import hashlib
 import importlib.metadata as md
-import io
 import json
 import re
 import zipfile
@@ -31,60 +29,54 @@ def _key(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()  # PEP 503, as the host has no packaging
 
 
-def _kept(path: str) -> bool:
-    installer_file = ".dist-info/" in path and path.rsplit("/", 1)[-1] in _INSTALLER_FILES
-    return not (path.startswith("..") or installer_file)
-
-
 def _b64(digest: bytes) -> str:
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
-def _digest(rows: list[str]) -> str:
-    return hashlib.sha256("\n".join(sorted(rows)).encode()).hexdigest()
+def _digest(dist: md.Distribution, version: str, *, rehash: bool) -> list:
+    """``[version, files, digest, changed since install]``; ``rehash``: hash the files as they
+    are, not as RECORD says."""
+    rows, changed = [], 0
+    for f in dist.files or []:
+        path, top = str(f), str(f).split("/", 1)[0]
+        installer_file = ".dist-info/" in path and f.name in _INSTALLER_FILES
+        if not (f.hash and f.hash.mode == "sha256") or installer_file:
+            continue
+        if path.startswith("..") or top.endswith(".data"):
+            continue
+        found = f.hash.value
+        if rehash:
+            with open(f.locate(), "rb") as fh:
+                found = _b64(hashlib.file_digest(fh, "sha256").digest())
+            changed += found != f.hash.value
+        rows.append(f"{path},{found}")
+    return [
+        version,
+        len(rows),
+        hashlib.sha256("\n".join(sorted(rows)).encode()).hexdigest(),
+        changed,
+    ]
 
 
 def installed_digests(paths: Sequence[str] | None = None) -> dict[str, list]:
-    """``{name: [version, files, digest, changed since install]}`` for this interpreter (or
-    the distributions in ``paths``)."""
-    out = {}
+    """Every distribution of this interpreter (or of ``paths``), by PEP 503 name."""
     found = md.distributions(path=list(paths)) if paths is not None else md.distributions()
-    for dist in found:
-        rows, changed = [], 0
-        for f in dist.files or []:
-            if f.hash and f.hash.mode == "sha256" and _kept(str(f)):
-                with open(f.locate(), "rb") as fh:
-                    found = _b64(hashlib.file_digest(fh, "sha256").digest())
-                changed += found != f.hash.value
-                rows.append(f"{f},{found}")
-        out[_key(dist.metadata["Name"])] = [dist.version, len(rows), _digest(rows), changed]
-    return out
+    return {_key(d.metadata["Name"]): _digest(d, d.version, rehash=True) for d in found}
 
 
 def wheel_digests(
     lock: Mapping[str, Any], wheels_dir: Path, origins: Sequence[str] = ("host",)
 ) -> dict[str, list]:
-    """The same digest for every lock wheel of ``origins`` in ``wheels_dir``, from its RECORD
-    (a wheel's ``.data/`` files install outside the package folders: left out, as ``..``)."""
+    """The same digest for every lock wheel of ``origins`` in ``wheels_dir``."""
     out = {}
-    for pkg in lock["packages"]:
-        if pkg["origin"] not in origins:
-            continue
+    for pkg in (p for p in lock["packages"] if p["origin"] in origins):
         with zipfile.ZipFile(Path(wheels_dir) / pkg["filename"]) as zf:
             # The wheel's own RECORD, not a vendored package's (setuptools/_vendor/…).
             record = next(
                 n for n in zf.namelist() if n.endswith(".dist-info/RECORD") and n.count("/") == 1
             )
-            text = zf.read(record).decode("utf-8")
-        rows = [
-            f"{row[0]},{row[1][len('sha256=') :]}"
-            for row in csv.reader(io.StringIO(text))
-            if len(row) >= 2
-            and row[1].startswith("sha256=")
-            and _kept(row[0])
-            and ".data/" not in row[0].split("/", 1)[0] + "/"
-        ]
-        out[_key(pkg["name"])] = [pkg["version"], len(rows), _digest(rows), 0]
+            dist = md.PathDistribution(zipfile.Path(zf, record.split("/")[0] + "/"))
+            out[_key(pkg["name"])] = _digest(dist, pkg["version"], rehash=False)
     return out
 
 
@@ -100,7 +92,6 @@ def compare(wheels: Mapping[str, list], host: Mapping[str, list]) -> dict[str, A
             differ.append(f"{name} {want_version}: {found[1]} files on the host, {files} in wheel")
         else:
             same.append(name)
-    changed = {n: v[3] for n, v in host.items() if n in wheels and v[3]}
     return {
         "packages": len(wheels),
         "identical": len(same),
@@ -108,7 +99,7 @@ def compare(wheels: Mapping[str, list], host: Mapping[str, list]) -> dict[str, A
         "differ": differ,
         "missing_on_host": missing,
         "other_version_on_host": version,
-        "changed_since_install": changed,
+        "changed_since_install": {n: v[3] for n, v in host.items() if n in wheels and v[3]},
         "all_identical": len(same) == len(wheels),
     }
 
@@ -128,10 +119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "digests":
         args.out.write_text(json.dumps(installed_digests(), indent=1, sort_keys=True))
         return 0
-    lock = json.loads(args.lock.read_text(encoding="utf-8"))
-    result = compare(
-        wheel_digests(lock, args.wheels), json.loads(args.digests.read_text(encoding="utf-8"))
-    )
+    lock, digests = (json.loads(p.read_text(encoding="utf-8")) for p in (args.lock, args.digests))
+    result = compare(wheel_digests(lock, args.wheels), digests)
     print(json.dumps(result, indent=2))
     return 0 if result["all_identical"] else 1
 

@@ -14,30 +14,42 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import time
 import zipfile
-from dataclasses import dataclass
+from collections import namedtuple
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from repro.atomicio import write_json_atomic, write_text_atomic
+from repro.atomicio import sha256_file, write_json_atomic, write_text_atomic
 from repro.clock import utc_text
 from repro.installset import InstallSetError
-from repro.installset.pipcmd import run_pip
 
 FORMAT, FORMAT_VERSION = "repro-install-set", 2
 MANIFEST_NAME, MARKER_NAME = "manifest.json", ".repro-installset.json"
-_CHUNK = 1 << 20
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 # A part or wheel is a plain file name: no directory, no "..", nothing hidden.
-_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,199}$")
+_FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,199}")
 # What goes into pip's requirements file: a name and a version, never an option.
-_NAME, _VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$"), re.compile(r"^[A-Za-z0-9.!+_-]+$")
+_NAME, _VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*"), re.compile(r"[A-Za-z0-9.!+_-]+")
+# pip settings kept from the environment: how to reach the network, not what to install (this
+# machine's constraints, find-links and indexes are not the host's).
+_PIP_KEEP = {f"PIP_{k}" for k in "CACHE_DIR CERT CLIENT_CERT DEFAULT_TIMEOUT NO_CACHE_DIR".split()}
+_PIP_KEEP |= {"PIP_PROXY", "PIP_RETRIES", "PIP_TRUSTED_HOST"}
+Verified = namedtuple("Verified", "manifest manifest_sha256 parts")
+Installed = namedtuple(
+    "Installed", "target manifest_sha256 wheels timings already", defaults=[False]
+)
 
 
 class ManifestInvalid(InstallSetError):
     """The manifest is not one the kit wrote (or not of a version this installer knows)."""
+
+
+class UnsafeArchive(InstallSetError):
+    """A wheel holds a member the installer will not let pip write."""
 
 
 class PartsInvalid(InstallSetError):
@@ -45,15 +57,11 @@ class PartsInvalid(InstallSetError):
 
     def __init__(self, problems: list[str], parts_dir: Path) -> None:
         self.problems = problems
-        lines = "\n".join(f"  - {p}" for p in problems)
+        lines = "".join(f"  - {p}\n" for p in problems)
         super().__init__(
-            f"refusing the install set in {parts_dir}: {len(problems)} problem(s)\n{lines}\n"
+            f"refusing the install set in {parts_dir}: {len(problems)} problem(s)\n{lines}"
             "Copy the named part(s) again from the build's output folder; nothing was installed."
         )
-
-
-class UnsafeArchive(InstallSetError):
-    """A wheel holds a member the installer will not let pip write."""
 
 
 def human_bytes(n: float) -> str:
@@ -65,14 +73,14 @@ def human_bytes(n: float) -> str:
 
 
 class Steps:
-    """Prints ``name …`` when a step starts and ``name: N.N s`` when it ends; keeps timings.
-    The host has no rich, so this plain printer serves both sides."""
+    """``name …`` when a step starts, ``name: N.N s`` when it ends; keeps the timings (the
+    host has no rich, so both sides print with this)."""
 
-    def __init__(self, stream=None) -> None:
-        self.stream, self.timings = stream or sys.stderr, {}
+    def __init__(self) -> None:
+        self.timings: dict[str, float] = {}
 
     def say(self, text: str) -> None:
-        print(f"[installset] {text}", file=self.stream, flush=True)
+        print(f"[installset] {text}", file=sys.stderr, flush=True)
 
     @contextlib.contextmanager
     def step(self, name: str):
@@ -85,53 +93,107 @@ class Steps:
             self.say(f"{name}: {self.timings[name]:.1f} s")
 
 
+def run_pip(args: Sequence[str], *, what: str) -> None:
+    """``python -m pip ARGS`` with none of this machine's pip settings but the network's."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") or k in _PIP_KEEP}
+    env |= {"PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    env |= {"PIP_NO_INPUT": "1", "PYTHONUTF8": "1"}
+    cmd = [sys.executable, "-m", "pip", *args]
+    if (proc := subprocess.run(cmd, env=env, capture_output=True, text=True)).returncode:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-30:])
+        raise InstallSetError(f"pip failed while {what} (exit {proc.returncode}):\n{tail}")
+
+
+def stream_sha256(paths: Sequence[Path]) -> str:
+    """The sha256 of the files joined in order."""
+    whole = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            hashlib.file_digest(f, lambda: whole)  # the one digest, fed file after file
+    return whole.hexdigest()
+
+
+def recut(sources: Sequence[Path], outputs: Sequence[tuple[Path, int]]) -> bool:
+    """Copy the sources' bytes, joined in order, into new files of the given sizes (the
+    kernel copies: ``os.sendfile``). False when the sources end early or hold more."""
+    with contextlib.ExitStack() as stack:
+        files = iter([stack.enter_context(open(p, "rb")) for p in sources])
+        src = next(files, None)
+        for path, size in outputs:
+            with open(path, "xb") as out:
+                while size and src:
+                    if sent := os.sendfile(out.fileno(), src.fileno(), None, size):
+                        size -= sent
+                    else:
+                        src = next(files, None)
+            if size:
+                return False
+        return not any(f.read(1) for f in [src, *files] if f)
+
+
+def unpacked_bytes(paths: Sequence[Path], *, check_members: bool = False) -> int:
+    """What the wheels' members claim to unpack to; ``check_members``: refuse a member that
+    is not a plain relative path."""
+    total = 0
+    for path in paths:
+        try:
+            with zipfile.ZipFile(path) as zf:
+                for info in zf.infolist():
+                    parts = info.filename.replace("\\", "/").split("/")
+                    if check_members and (parts[0] == "" or ":" in parts[0] or ".." in parts):
+                        raise UnsafeArchive(
+                            f"{path.name}: member {info.filename!r} leaves the install "
+                            "folder; refusing to install (the kit's builds ship index wheels)"
+                        )
+                    total += info.file_size
+        # What zipfile raises on a damaged or unsupported zip (the fuzzer found the second).
+        except (zipfile.BadZipFile, NotImplementedError, ValueError, EOFError) as exc:
+            raise UnsafeArchive(f"{path.name} is not a readable wheel ({exc})") from exc
+    return total
+
+
+def _require(ok: object, problem: str) -> None:
+    if not ok:
+        raise ManifestInvalid(f"manifest: {problem}")
+
+
 def _files(doc: dict[str, Any], key: str, name_key: str) -> list[dict[str, Any]]:
     """``doc[key]``: a list of plain-named files, each with a positive size and a sha256."""
     entries = doc.get(key)
-    if not isinstance(entries, list) or not entries:
-        raise ManifestInvalid(f"manifest: $.{key} is missing or empty")
+    _require(isinstance(entries, list) and entries, f"$.{key} is missing or empty")
     for i, entry in enumerate(entries):
-        where = f"manifest: $.{key}[{i}]"
-        if not isinstance(entry, dict):
-            raise ManifestInvalid(f"{where} is not an object")
+        _require(isinstance(entry, dict), f"$.{key}[{i}] is not an object")
         name, size = entry.get(name_key), entry.get("bytes")
-        if not (isinstance(name, str) and _FILE_NAME.match(name) and ".." not in name):
-            raise ManifestInvalid(f"{where}.{name_key} {name!r} is not a plain file name")
-        if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
-            raise ManifestInvalid(f"{where}.bytes is not a positive whole number")
-        if not _SHA256.match(str(entry.get("sha256"))):
-            raise ManifestInvalid(f"{where}.sha256 is not 64 lower-case hex digits")
+        plain = isinstance(name, str) and _FILE_NAME.fullmatch(name) and ".." not in name
+        _require(plain, f"$.{key}[{i}].{name_key} {name!r} is not a plain file name")
+        _require(type(size) is int and size > 0, f"$.{key}[{i}].bytes is not a positive integer")
+        sha = _SHA256.fullmatch(str(entry.get("sha256")))
+        _require(sha, f"$.{key}[{i}].sha256 is not 64 lower-case hex digits")
     return entries
 
 
 def check_structure(doc: Any) -> None:
     """Raise ``ManifestInvalid`` unless ``doc`` has what ``verify``/``install`` rely on (the
     host has no jsonschema; the build validated against schemas/install-set.v2.schema.json)."""
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise ManifestInvalid(f"manifest: not a {FORMAT} manifest")
-    if doc.get("format_version") != FORMAT_VERSION:
-        raise ManifestInvalid(
-            f"manifest: format_version {doc.get('format_version')!r}; this installer reads "
-            f"version {FORMAT_VERSION} only (use the kit checkout the set was built with)"
-        )
+    _require(isinstance(doc, dict) and doc.get("format") == FORMAT, f"not a {FORMAT} manifest")
+    version = doc.get("format_version")
+    readable = f"this installer reads {FORMAT_VERSION} only (use the kit the set was built with)"
+    _require(version == FORMAT_VERSION, f"format_version {version!r}; {readable}")
     parts, wheels = _files(doc, "parts", "name"), _files(doc, "wheels", "filename")
     stream = doc.get("stream")
-    if not isinstance(stream, dict) or not _SHA256.match(str(stream.get("sha256"))):
-        raise ManifestInvalid("manifest: $.stream has no sha256")
+    ok = isinstance(stream, dict) and _SHA256.fullmatch(str(stream.get("sha256")))
+    _require(ok, "$.stream has no sha256")
     for key in ("bytes", "unpacked_bytes"):
-        if not isinstance(stream.get(key), int) or stream[key] < 0:
-            raise ManifestInvalid(f"manifest: $.stream.{key} is not a whole number")
+        whole = type(stream.get(key)) is int and stream[key] >= 0
+        _require(whole, f"$.stream.{key} is not a whole number")
     for name, files in (("parts", parts), ("wheels", wheels)):
-        if (total := sum(e["bytes"] for e in files)) != stream["bytes"]:
-            raise ManifestInvalid(
-                f"manifest: the {name} add up to {total} bytes, the stream has {stream['bytes']}"
-            )
+        total, want = sum(e["bytes"] for e in files), stream["bytes"]
+        _require(total == want, f"the {name} add up to {total} bytes, the stream has {want}")
     names = [p["name"] for p in parts] + [w["filename"] for w in wheels]
-    if len(set(names)) != len(names):
-        raise ManifestInvalid("manifest: part or wheel names repeat")
-    for wheel in wheels:
-        if not (_NAME.match(str(wheel.get("name"))) and _VERSION.match(str(wheel.get("version")))):
-            raise ManifestInvalid(f"manifest: wheel {wheel['filename']}: bad name or version")
+    _require(len(set(names)) == len(names), "part or wheel names repeat")
+    for w in wheels:
+        ok = _NAME.fullmatch(str(w.get("name"))) and _VERSION.fullmatch(str(w.get("version")))
+        _require(ok, f"wheel {w['filename']}: bad name or version")
 
 
 def load_manifest(parts_dir: str | Path) -> tuple[dict[str, Any], str]:
@@ -151,23 +213,6 @@ def load_manifest(parts_dir: str | Path) -> tuple[dict[str, Any], str]:
     return doc, hashlib.sha256(data).hexdigest()
 
 
-@dataclass
-class Verified:
-    manifest: dict[str, Any]
-    manifest_sha256: str
-    parts: list[Path]
-
-
-def _chunks(paths: list[Path], *digests: Any):
-    """The files' bytes in order, each chunk also fed to ``digests``."""
-    for path in paths:
-        with open(path, "rb") as f:
-            while chunk := f.read(_CHUNK):
-                for digest in digests:
-                    digest.update(chunk)
-                yield chunk
-
-
 def verify(parts_dir: str | Path, *, steps: Steps | None = None) -> Verified:
     """Check every part and the parts joined against the manifest; raise ``PartsInvalid``."""
     steps, parts_dir = steps or Steps(), Path(parts_dir)
@@ -176,7 +221,6 @@ def verify(parts_dir: str | Path, *, steps: Steps | None = None) -> Verified:
     parts, stream = manifest["parts"], manifest["stream"]
     paths = [parts_dir / p["name"] for p in parts]
     problems: list[str] = []
-    whole = hashlib.sha256()
     with steps.step(f"verify {len(parts)} part(s), {human_bytes(stream['bytes'])}"):
         for i, (part, path) in enumerate(zip(parts, paths, strict=True), start=1):
             label = f"part {i}/{len(parts)} {part['name']}"
@@ -184,109 +228,45 @@ def verify(parts_dir: str | Path, *, steps: Steps | None = None) -> Verified:
             if not path.is_file():
                 problems.append(f"{label}: missing (expected {want} bytes, sha256 {want_sha})")
                 continue
-            digest = hashlib.sha256()
-            size = sum(len(chunk) for chunk in _chunks([path], digest, whole))
+            size, found = path.stat().st_size, sha256_file(path)
+            shas = f"sha256 expected {want_sha}, found {found}"
             if size != want:
                 how = "truncated" if size < want else "longer than built"
-                problems.append(
-                    f"{label}: {how}: expected {want} bytes, found {size} "
-                    f"(sha256 expected {want_sha}, found {digest.hexdigest()})"
-                )
-            elif digest.hexdigest() != want_sha:
-                problems.append(
-                    f"{label}: corrupted: sha256 expected {want_sha}, found "
-                    f"{digest.hexdigest()} (size {size} bytes as expected)"
-                )
+                problems.append(f"{label}: {how}: expected {want} bytes, found {size} ({shas})")
+            elif found != want_sha:
+                problems.append(f"{label}: corrupted: {shas} (size {size} bytes as expected)")
             else:
                 steps.say(f"  {label}: ok ({human_bytes(size)})")
-        if not problems and whole.hexdigest() != stream["sha256"]:
-            problems.append(
-                f"the parts joined in order: sha256 expected {stream['sha256']}, "
-                f"found {whole.hexdigest()}"
-            )
+        if not problems and (found := stream_sha256(paths)) != stream["sha256"]:
+            shas = f"sha256 expected {stream['sha256']}, found {found}"
+            problems.append(f"the parts joined in order: {shas}")
     if problems:
         raise PartsInvalid(problems, parts_dir)
     return Verified(manifest, manifest_sha, paths)
 
 
-@dataclass
-class Installed:
-    target: Path
-    manifest_sha256: str
-    wheels: int
-    timings: dict[str, float]
-    already: bool = False
-
-
-class Joined:
-    """Files read as one stream (each chunk also fed to ``digests``), cut into new files."""
-
-    def __init__(self, paths: list[Path], *digests: Any) -> None:
-        self._chunks, self._rest = _chunks(paths, *digests), b""
-
-    def take(self, size: int, path: Path) -> tuple[int, str]:
-        """The next ``size`` bytes (fewer at the end) written to ``path``; (bytes, sha256)."""
-        digest, written = hashlib.sha256(), 0
-        with open(path, "xb") as out:
-            while written < size and (rest := self._rest or next(self._chunks, b"")):
-                piece, self._rest = rest[: size - written], rest[size - written :]
-                out.write(piece)
-                digest.update(piece)
-                written += len(piece)
-        return written, digest.hexdigest()
-
-    def at_end(self) -> bool:
-        return not self._rest and next(self._chunks, None) is None
-
-
-def _cut_wheels(checked: Verified, folder: Path) -> None:
-    """The joined parts written back as the wheel files, each checked by its sha256 (pip would
-    check too, but could not name the wheel against the manifest)."""
-    stream, problems = Joined(checked.parts), []
-    for wheel in checked.manifest["wheels"]:
-        size, found = stream.take(wheel["bytes"], folder / wheel["filename"])
-        if size < wheel["bytes"]:
-            problems.append("the parts changed while installing: they end before the last wheel")
-            break
-        if found != wheel["sha256"]:
-            problems.append(
-                f"{wheel['filename']}: sha256 expected {wheel['sha256']}, found {found}"
-            )
-    if not stream.at_end():
-        problems.append("the parts hold more bytes than the manifest's wheels")
+def _cut_wheels(checked: Verified, folder: Path) -> list[Path]:
+    """The parts cut back into the wheel files, each checked by its sha256 (pip checks too,
+    but would not name the wheel against the manifest), then their members."""
+    wheels = checked.manifest["wheels"]
+    paths = [folder / w["filename"] for w in wheels]
+    if not recut(checked.parts, [(p, w["bytes"]) for p, w in zip(paths, wheels, strict=True)]):
+        problems = ["the parts changed while installing: they no longer hold the wheels' bytes"]
+    else:
+        problems = [
+            f"{w['filename']}: sha256 expected {w['sha256']}, found {found}"
+            for w, path in zip(wheels, paths, strict=True)
+            if (found := sha256_file(path)) != w["sha256"]
+        ]
     if problems:
         raise PartsInvalid(problems, checked.parts[0].parent)
-
-
-def _check_wheels(manifest: dict[str, Any], folder: Path) -> None:
-    """Every member a plain relative path, and all of them within the manifest's size."""
-    claimed = 0
-    for wheel in manifest["wheels"]:
-        try:
-            with zipfile.ZipFile(folder / wheel["filename"]) as zf:
-                for info in zf.infolist():
-                    parts = info.filename.replace("\\", "/").split("/")
-                    if info.filename.startswith(("/", "\\")) or ".." in parts or ":" in parts[0]:
-                        raise UnsafeArchive(
-                            f"{wheel['filename']}: member {info.filename!r} leaves the install "
-                            "folder; refusing to install (the kit's builds ship index wheels)"
-                        )
-                    claimed += info.file_size
-        # What zipfile raises on a damaged or unsupported zip (the fuzzer found the second).
-        except (zipfile.BadZipFile, NotImplementedError, ValueError, EOFError) as exc:
-            raise UnsafeArchive(f"{wheel['filename']} is not a readable wheel ({exc})") from exc
-    if claimed > (limit := manifest["stream"]["unpacked_bytes"]):
+    claimed = unpacked_bytes(paths, check_members=True)
+    if claimed > (limit := checked.manifest["stream"]["unpacked_bytes"]):
         raise UnsafeArchive(
             f"the wheels unpack to {claimed} bytes, more than the manifest's {limit}; "
             "refusing to install"
         )
-
-
-def _marker_sha(marker: Path) -> str | None:
-    try:
-        return json.loads(marker.read_text(encoding="utf-8")).get("manifest_sha256")
-    except (OSError, ValueError, AttributeError):
-        return None
+    return paths
 
 
 def _check_target(target: Path, manifest_sha: str, replace: bool) -> bool:
@@ -295,7 +275,10 @@ def _check_target(target: Path, manifest_sha: str, replace: bool) -> bool:
         return False
     if not target.is_dir():
         raise InstallSetError(f"target {target} exists and is not a folder")
-    marker_sha = _marker_sha(target / MARKER_NAME)
+    try:
+        marker_sha = json.loads((target / MARKER_NAME).read_bytes()).get("manifest_sha256")
+    except (OSError, ValueError, AttributeError):
+        marker_sha = None
     if marker_sha == manifest_sha and not replace:
         return True
     if any(target.iterdir()) and not replace:
@@ -303,8 +286,7 @@ def _check_target(target: Path, manifest_sha: str, replace: bool) -> bool:
             f"target {target} is not empty and holds no install of this set: give an "
             "empty or new folder, or --replace to swap it for this set"
         )
-    if any(target.iterdir()) and marker_sha is None:
-        # --replace deletes the old folder: only ever one this installer wrote.
+    if any(target.iterdir()) and marker_sha is None:  # --replace deletes only what it wrote
         raise InstallSetError(
             f"target {target} is not empty and has no {MARKER_NAME}: it is not an install "
             "set this kit installed, so --replace will not delete it. Give an empty or new "
@@ -339,7 +321,6 @@ def install(
     try:
         with steps.step(f"cut the parts into {len(manifest['wheels'])} wheel(s)"):
             _cut_wheels(checked, wheels)
-            _check_wheels(manifest, wheels)
         lines = [
             f"{w['name']}=={w['version']} --hash=sha256:{w['sha256']}\n" for w in manifest["wheels"]
         ]

@@ -10,7 +10,6 @@ first chose or to the host's version, so it adds only what the host's packages n
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -20,19 +19,10 @@ from packaging.utils import canonicalize_name
 
 from repro import KIT_SOURCE
 from repro.clock import utc_text
-from repro.installset import InstallSetError
+from repro.installset import InstallSetError, resolve
 from repro.installset.host import HostEnv, Target, read_freeze
-from repro.installset.pipcmd import DEFAULT_INDEX
-from repro.installset.resolve import (
-    VLLM_OPTIONAL,
-    Locked,
-    LockedWheel,
-    UvCompiler,
-    choose_wheel,
-    find_uv,
-    resolve,
-    tag_priority,
-)
+from repro.installset.install import _SHA256
+from repro.installset.resolve import Locked, LockedWheel
 
 FORMAT = "repro-kit/wheel-lock"
 FORMAT_VERSION = 1
@@ -42,9 +32,6 @@ LOCKS_DIR = KIT_SOURCE / "containers" / "locks"
 
 def default_lock_path(vllm_ref: str, cuda_variant: str, python_tag: str) -> Path:
     return LOCKS_DIR / f"vllm-{vllm_ref}-{cuda_variant}-{python_tag}.lock.json"
-
-
-# --- making a lock -----------------------------------------------------------------------------
 
 
 def make_lock(
@@ -67,11 +54,14 @@ def make_lock(
     ``freeze_file``: a host with nothing. ``extra_requirements`` go into the image only; with
     ``image`` off the lock holds the install set alone (one resolution)."""
     host = read_freeze(freeze_file) if freeze_file else HostEnv({}, source="none")
-    uv = find_uv(uv)
-    compiler = UvCompiler(target, uv=uv, index_url=index_url or DEFAULT_INDEX)
-    compiler.extra_index_urls, compiler.exclude_newer = tuple(extra_index_urls), exclude_newer
-    exclude = dict(VLLM_OPTIONAL if exclude is None else exclude)
-    res = resolve(root, host, compiler, exclude=exclude, measure_excluded=not image, log=log)
+    uv = resolve.find_uv(uv)
+    compiler = resolve.UvCompiler(
+        target, uv, index_url or resolve.DEFAULT_INDEX, tuple(extra_index_urls), exclude_newer
+    )
+    exclude = dict(resolve.VLLM_OPTIONAL if exclude is None else exclude)
+    res = resolve.resolve(
+        root, host, compiler, exclude=exclude, measure_excluded=not image, log=log
+    )
     shipped, full = {p.key: p for p in res.packages}, res.packages
     if image:
         log("resolving the image's whole closure (the host's packages as real wheels)")
@@ -88,7 +78,7 @@ def make_lock(
             overrides=kept,
             excludes=sorted(res.excluded),
         )
-    priority, packages, problems = tag_priority(target), [], []
+    priority, packages, problems = resolve.tag_priority(target), [], []
     for pkg in sorted(full, key=lambda p: (p.key != res.root.key, p.key)):
         host_pkg = host.get(pkg.name)
         origin = "install-set" if pkg.key in shipped else "host" if host_pkg else "image-only"
@@ -96,7 +86,7 @@ def make_lock(
             problems.append(f"{pkg.name}: {pkg.version} here, {theirs} shipped")
         if origin == "host" and pkg.version != host_pkg.version:
             problems.append(f"{pkg.name}: {pkg.version} here, the host has {host_pkg.version}")
-        wheel = choose_wheel(pkg, target, priority)
+        wheel = resolve.choose_wheel(pkg, target, priority)
         packages.append(
             {"name": pkg.name, "version": pkg.version, "origin": origin}
             | {"filename": wheel.filename, "url": wheel.url, "sha256": wheel.sha256}
@@ -109,6 +99,11 @@ def make_lock(
             "the image's closure and the install set disagree:\n  " + "\n  ".join(problems)
         )
     resolver = subprocess.run([uv, "--version"], capture_output=True, text=True).stdout.strip()
+    host_doc = {
+        "freeze_file": str(freeze_file),
+        "freeze_sha256": host.sha256,
+        "packages": len(host),
+    }
     return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -121,9 +116,7 @@ def make_lock(
         "platforms": list(target.platforms),
         "index_url": compiler.index_url,
         "extra_index_urls": list(extra_index_urls),
-        "host": None
-        if freeze_file is None
-        else {"freeze_file": str(freeze_file), "freeze_sha256": host.sha256, "packages": len(host)},
+        "host": host_doc if freeze_file else None,
         "resolution": {
             "resolver": resolver or "uv pip compile",
             "uv_runs": res.rounds,
@@ -140,11 +133,6 @@ def make_lock(
     }
 
 
-# --- reading and using a lock ------------------------------------------------------------------
-
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-
-
 def read_lock(path: Path) -> dict[str, Any]:
     """The lock at ``path``, checked for the fields the builds use."""
     try:
@@ -159,8 +147,8 @@ def read_lock(path: Path) -> dict[str, Any]:
         raise InstallSetError(
             f"{path} is not a {FORMAT} v{FORMAT_VERSION} file (format {doc.get('format')!r})"
         )
-    for pkg in doc.get("packages", []):
-        if pkg.get("origin") not in ORIGINS or not _SHA256.match(pkg.get("sha256", "")):
+    for pkg in doc.get("packages") or []:
+        if pkg.get("origin") not in ORIGINS or not _SHA256.fullmatch(pkg.get("sha256", "")):
             raise InstallSetError(f"{path}: malformed package entry {pkg!r}")
     if not doc.get("packages"):
         raise InstallSetError(f"{path} locks no packages")

@@ -29,8 +29,8 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from repro.installset import InstallSetError
 from repro.installset.host import HostEnv, Target
-from repro.installset.pipcmd import DEFAULT_INDEX
 
+DEFAULT_INDEX = "https://pypi.org/simple"
 STUB_LABEL = "installset.host"
 _KERNEL = "optional GPU kernel library: `from vllm import LLM` does not import it"
 _CODEC = "optional video decoding for multimodal inputs"
@@ -47,6 +47,8 @@ VLLM_OPTIONAL: Mapping[str, str] = {
     "pynvvideocodec": _CODEC,
     "torchcodec": _CODEC,
 }
+# uv settings kept from the environment: how to reach the network, where to cache.
+_UV_KEEP = {"UV_CACHE_DIR", "UV_HTTP_TIMEOUT", "UV_NATIVE_TLS", "UV_CONCURRENT_DOWNLOADS"}
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,7 @@ def stub_version(version: str | None) -> str | None:
     """The stub's version: the host's, with the local label ``+installset.host`` added."""
     if not version:
         return None
-    return f"{version}.{STUB_LABEL}" if "+" in version else f"{version}+{STUB_LABEL}"
+    return f"{version}{'.' if '+' in version else '+'}{STUB_LABEL}"
 
 
 def write_stub_wheel(directory: Path, name: str, version: str) -> Path:
@@ -124,7 +126,7 @@ def tag_priority(target: Target) -> dict[tags.Tag, int]:
     """Every tag the target runs, best first (packaging's order, as pip's)."""
     version = tuple(int(x) for x in target.python_minor.split("."))
     ordered = [*tags.cpython_tags(version, platforms=list(target.platforms))]
-    ordered += tags.compatible_tags(version, f"cp{version[0]}{version[1]}", target.platforms)
+    ordered += tags.compatible_tags(version, target.python_tag, target.platforms)
     return {tag: rank for rank, tag in reversed(list(enumerate(ordered)))}  # a tag's best rank
 
 
@@ -169,15 +171,8 @@ def uv_platform(target: Target) -> str:
     tag, machine = target.platforms[0], target.machine
     if tag.startswith("manylinux_"):
         return f"{machine}-{tag[: -len(machine) - 1]}"
-    return (
-        f"{machine}-manylinux2014"
-        if tag.startswith("manylinux")
-        else f"{machine}-unknown-linux-gnu"
-    )
-
-
-# uv settings kept from the environment: how to reach the network, where to cache.
-_UV_KEEP = {"UV_CACHE_DIR", "UV_HTTP_TIMEOUT", "UV_NATIVE_TLS", "UV_CONCURRENT_DOWNLOADS"}
+    legacy = tag.startswith("manylinux")
+    return f"{machine}-manylinux2014" if legacy else f"{machine}-unknown-linux-gnu"
 
 
 @dataclass
@@ -189,7 +184,6 @@ class UvCompiler:
     index_url: str = DEFAULT_INDEX
     extra_index_urls: tuple[str, ...] = ()
     exclude_newer: str | None = None
-    calls: int = 0
 
     def compile(
         self,
@@ -200,7 +194,6 @@ class UvCompiler:
         excludes: Sequence[str] = (),
         find_links: Sequence[str] = (),
     ) -> list[Locked]:
-        self.calls += 1
         with tempfile.TemporaryDirectory(prefix="installset-uv-") as tmp:
             cmd = [self.uv or find_uv(), "pip", "compile", "--no-config", "--quiet"]
             cmd += ["--no-python-downloads", "--python-version", self.target.python]
@@ -329,5 +322,5 @@ def resolve(
         excluded_closure=sorted(
             (p for p in full if p.key not in kept and not p.is_stub), key=lambda p: p.key
         ),
-        rounds=compiler.calls,
+        rounds=len(answers),
     )
