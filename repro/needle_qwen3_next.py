@@ -96,9 +96,10 @@ class NeedleQwen3Next(nn.Module):
     @contextlib.contextmanager
     def restored_state_noise(self, split_at: int):
         """Inside it, every Gated DeltaNet layer runs its delta rule over tokens [0, split_at),
-        then resumes from that state with the kit's injected fault added (noise of
-        `NOISE_SCALE` times the state's RMS, `fault_injection`), as a cache hit at `split_at`
-        would resume. The check that the fault can move this model's answers at all."""
+        then resumes from that state with the kit's injected fault added
+        (`fault_injection.perturb_block`: noise of `NOISE_SCALE` times the state's RMS), as a
+        cache hit at `split_at` would resume. The check that the fault can move this model's
+        answers at all."""
         import transformers.models.qwen3_next.modeling_qwen3_next as modeling
 
         from repro.vllm_plugin import fault_injection as fault
@@ -111,10 +112,7 @@ class NeedleQwen3Next(nn.Module):
             head = [t[:, :split_at] for t in (query, key, value, g, beta)]
             tail = [t[:, split_at:] for t in (query, key, value, g, beta)]
             out_head, state = original(*head, output_final_state=True, **kw)
-            gen = torch.Generator().manual_seed(fault.NOISE_SEED + next(layer))
-            noise = torch.randn(tuple(state.shape), generator=gen).to(state)
-            rms = float(state.float().pow(2).mean().sqrt())
-            state = state + fault.NOISE_SCALE * max(rms, fault.NOISE_FLOOR) * noise
+            fault.perturb_block(state, key=next(layer))
             out_tail, final = original(
                 *tail, initial_state=state, output_final_state=output_final_state, **kw
             )

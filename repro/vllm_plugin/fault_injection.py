@@ -110,8 +110,9 @@ def _noise_like(block, key: int):
     return torch.randn(tuple(block.shape), generator=gen, dtype=torch.float32)
 
 
-def _perturb_block(block, key: int) -> None:
-    """Add fixed noise scaled to the block's RMS, in place (deterministic)."""
+def perturb_block(block, key: int) -> None:
+    """Add fixed noise scaled to the block's RMS, in place (deterministic). The trainer's
+    `restored_state_noise` applies the same fault to its states."""
     x = block.float()
     rms = float(x.pow(2).mean().sqrt())
     noise = _noise_like(block, key).to(x.device)
@@ -140,7 +141,7 @@ def perturb_restored_state(
         # later reads it is a cache hit too, which is what the positive control targets.
         block_id = block_ids[curr_col]
         for state_no, state in enumerate(states):
-            _perturb_block(state[block_id], key=layer_no * 16 + state_no)
+            perturb_block(state[block_id], key=layer_no * 16 + state_no)
             touched = True
     return touched
 
