@@ -246,15 +246,21 @@ def _run_in_container(settings: RunSettings) -> int:
         profile = profile.for_device(settings.device)
     preflight.check_hardware(profile, envinfo.collect_hardware())
     out_dir = (settings.out or runner.default_out_dir(runner.new_run_id())).resolve()
-    arms = settings.arms_of(profile)
-    fault_kind = settings.fault_kind
-    overrides = parse_overrides(settings.override)
-    command = ["python", "-m", "repro", *sys.argv[1:]]
     run_args = ["--inject-fault"] if settings.inject_fault else []
     if settings.verbose:
         run_args.append("--verbose")
     for item in settings.override:
         run_args += ["--override", item]
+    request = container_run.RunRequest(
+        profile=profile,
+        arms=settings.arms_of(profile),
+        out_dir=out_dir,
+        overrides=parse_overrides(settings.override),
+        fault_kind=settings.fault_kind,
+        command=["python", "-m", "repro", *sys.argv[1:]],
+        run_args=run_args,
+        arm_timeout_s=settings.arm_timeout_s,
+    )
     container_run.open_run_log(out_dir).close()  # an unwritable --out stops here, by name
     try:
         client = docker_client()
@@ -285,30 +291,10 @@ def _run_in_container(settings: RunSettings) -> int:
             folder = model_dir / subpath if subpath else model_dir
             check_weights_pin(profile, str(folder), allow_unpinned=settings.allow_unpinned)
     except ReproError as exc:
-        container_run.no_container_records(
-            out_dir=out_dir,
-            profile=profile,
-            arms=arms,
-            model_path=container_run.CONTAINER_MODEL,
-            overrides=overrides,
-            fault_kind=fault_kind,
-            command=command,
-            error=exc,
-        )
+        container_run.no_container_records(request, error=exc)
         raise ReproError(f"{exc}\n(error records written in {out_dir})") from exc
     documents = container_run.run_profile_in_container(
-        client=client,
-        image=image,
-        profile=profile,
-        model_dir=model_dir,
-        model_subpath=subpath,
-        out_dir=out_dir,
-        arms=arms,
-        run_args=run_args,
-        fault_kind=fault_kind,
-        overrides=overrides,
-        arm_timeout_s=settings.arm_timeout_s,
-        command=command,
+        request, client=client, image=image, model_dir=model_dir, model_subpath=subpath
     )
     return _summarised(documents, out_dir)
 

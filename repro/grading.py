@@ -387,26 +387,27 @@ def grade(
             outcome=_outcome("corrupted", rules),
         )
 
-    # 4. Liveness.
-    if liveness is not None and not liveness.passed and rules == RULES_KIT:
-        return Verdict(
-            "inconclusive",
-            "liveness",
-            f"liveness probe ({liveness.prompt_tokens} tokens sent twice) got "
-            f"{liveness.hits} hits of {liveness.queries} queries and "
-            f"{liveness.cached_tokens} cached tokens on the second send: the cache went quiet",
-            threshold=threshold,
-            waves=wave_grades,
-            outcome=_outcome("zero-hit", rules),
-        )
+    # 4. Liveness: one verdict under either rules, in each rules' words.
     if liveness is not None and not liveness.passed:
+        got = (
+            f"{liveness.hits} hits of {liveness.queries} queries and "
+            f"{liveness.cached_tokens} cached tokens"
+        )
+        if rules == RULES_KIT:
+            reason = (
+                f"liveness probe ({liveness.prompt_tokens} tokens sent twice) got {got} on the "
+                f"second send: the cache went quiet"
+            )
+        else:
+            reason = (
+                f"zero-hit: the liveness probe (a {liveness.prompt_tokens}-token manual) got "
+                f"{got}: caching is effectively disabled, so a clean trigger-wave result "
+                f"would be vacuous"
+            )
         return Verdict(
             "inconclusive",
             "liveness",
-            f"zero-hit: the liveness probe (a {liveness.prompt_tokens}-token manual) got "
-            f"{liveness.hits} hits of {liveness.queries} queries and "
-            f"{liveness.cached_tokens} cached tokens: caching is effectively disabled, so a "
-            f"clean trigger-wave result would be vacuous",
+            reason,
             threshold=threshold,
             waves=wave_grades,
             outcome=_outcome("zero-hit", rules),

@@ -110,31 +110,23 @@ _TAILS = [
 ]
 
 
-def fact_line(vault: int, code: str) -> str:
-    """Upstream's needle line (without its newline)."""
-    return f"Security fact {vault:02d}: the access code for vault-{vault:02d} is {code}."
-
-
 def code_question(vault: int, style: int = 0) -> str:
-    """Upstream's question (style 0) or the kit's earlier wording (style 1)."""
+    """Upstream's question, which the arms ask (style 0), or the kit's earlier wording: the
+    same line without "Question: " (style 1)."""
     if style == 0:
-        return (
-            f"Question: What is the access code for vault-{vault:02d}? "
-            f"Reply with only the code.\nAnswer:"
-        )
-    return f"What is the access code for vault-{vault:02d}? Reply with only the code.\nAnswer:"
+        return prompts.needle_question(vault)
+    return f"{prompts.question_line(vault)}\nAnswer:"
 
 
 def procedure_question(vault: int, style: int = 0) -> str:
-    """Upstream's multi-turn first-turn question (style 0) or the kit's wording (style 1)."""
+    """Upstream's multi-turn first-turn question (style 0) or the kit's, which the arms ask
+    (style 1)."""
     if style == 0:
         return (
             f"Question: Describe the audit and escalation procedure for vault-{vault:02d} "
             f"in detail.\nAnswer:"
         )
-    return (
-        f"Question: Describe, step by step, the procedure for opening vault-{vault:02d}.\nAnswer:"
-    )
+    return prompts.procedure_question(vault)
 
 
 def made_up_sentence(rng: random.Random) -> str:
@@ -152,7 +144,7 @@ def tokenizer_corpus(seed: int = 0) -> list[str]:
     lines += [made_up_sentence(rng) for _ in range(400)]
     for vault in range(40):
         code = f"{rng.randint(0, 999999):06d}"
-        lines += [fact_line(vault, code), code_question(vault, 0), code_question(vault, 1)]
+        lines += [prompts.fact_line(vault, code), code_question(vault, 0), code_question(vault, 1)]
         lines += [procedure_question(vault, 0), procedure_question(vault, 1)]
     return lines * 3
 

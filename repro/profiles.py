@@ -38,7 +38,6 @@ class Profile:
     model: str  # repo id on the Hub, or a description for models the kit builds
     device: str  # "cpu" or "cuda"
     tensor_parallel_size: int
-    min_gpus: int
     min_gpu_memory_gib: int
     signal: str  # "needle" (trained model: recall) or "logprob" (random weights)
     arms: tuple[str, ...]
@@ -61,6 +60,12 @@ class Profile:
     # Upstream's 0.8 on GPU profiles; None leaves vLLM's default (the CPU build sizes its
     # cache from kv_cache_memory_bytes instead).
     gpu_memory_utilization: float | None = None
+
+    @property
+    def min_gpus(self) -> int:
+        """GPUs a run needs: one per tensor-parallel rank on CUDA (what its container is given,
+        `repro.containers.run.gpu_settings`), none on the CPU."""
+        return self.tensor_parallel_size if self.device == "cuda" else 0
 
     @property
     def answers(self) -> str:
@@ -132,7 +137,6 @@ TINY = Profile(
     model="repro-kit/tiny-qwen3-next (random weights, built offline)",
     device="cpu",
     tensor_parallel_size=1,
-    min_gpus=0,
     min_gpu_memory_gib=0,
     signal="logprob",
     arms=ARMS,
@@ -179,7 +183,6 @@ TINY = Profile(
 # The tiny profile on an NVIDIA GPU without flashinfer (the bare-host H200 path).
 TINY_CUDA: dict[str, Any] = {
     "device": "cuda",
-    "min_gpus": 1,
     "min_gpu_memory_gib": 1,
     "extra_settings": {
         **TINY.extra_settings,
@@ -240,7 +243,6 @@ TINY_NEMOTRON_H_TP4 = replace(
         "model": "repro-kit/tiny-nemotron-h-tp4 (random weights, built offline, heads divide by 4)",
         "tiny_model": "nemotron-h-tp4",
         "tensor_parallel_size": 4,
-        "min_gpus": 4,
     },
 )
 
@@ -301,7 +303,6 @@ QWEN = Profile(
     name="qwen3.6-27b-fp8",
     model="Qwen/Qwen3.6-27B-FP8",
     tensor_parallel_size=1,
-    min_gpus=1,
     min_gpu_memory_gib=80,
     # Upstream: Qwen corrupts under the cold-race geometry even with APC off, so the control
     # gate cannot grade the cache there; only the multi-turn arm runs.
@@ -314,7 +315,6 @@ NEMOTRON = Profile(
     name="nemotron-super",
     model="nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16",
     tensor_parallel_size=4,
-    min_gpus=4,
     min_gpu_memory_gib=140,
     arms=ARMS,
     why_arms="both arms, as upstream",
@@ -345,7 +345,6 @@ NEMOTRON_NANO = replace(
     # upstream's 0.8 memory share needs an H200/B200-class GPU.
     model="nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-BF16",
     tensor_parallel_size=1,
-    min_gpus=1,
     min_gpu_memory_gib=140,
     why_arms="both arms, as upstream runs Nemotron",
 )
@@ -376,7 +375,6 @@ def for_model(model: str, *, tensor_parallel_size: int) -> Profile:
         name=MODEL_PROFILE_NAME,
         model=model,
         tensor_parallel_size=tensor_parallel_size,
-        min_gpus=tensor_parallel_size,
         min_gpu_memory_gib=1,
         why_arms="both arms, as upstream (a model the kit has no profile for)",
     )

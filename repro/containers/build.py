@@ -434,7 +434,7 @@ def build_cpu_image(
             f"base image {base!r} not found; make one: python -m repro base-image"
         ) from exc
     kit = envinfo.collect_kit(REPO)
-    created = _commit_time(kit.get("git_commit")) or utc_text()
+    created = utc_text(commit_epoch(kit.get("git_commit")))  # now, without a commit
     labels = oci_labels(
         variant="cpu",
         build_args=build_args,
@@ -581,8 +581,9 @@ def _copy_kit(dest: Path) -> None:
         shutil.copytree(REPO / name, dest / name, ignore=ignore)
 
 
-def _commit_time(commit: str | None) -> str | None:
-    """The commit's time (SOURCE_DATE_EPOCH style): same inputs give the same labels."""
+def commit_epoch(commit: str | None) -> int | None:
+    """The kit commit's time in POSIX seconds (SOURCE_DATE_EPOCH style), so that the same
+    inputs give the same labels; None without a commit git knows."""
     if not commit:
         return None
     out = subprocess.run(
@@ -593,7 +594,7 @@ def _commit_time(commit: str | None) -> str | None:
     )
     if out.returncode != 0 or not out.stdout.strip():
         return None
-    return utc_text(int(out.stdout.strip()))
+    return int(out.stdout.strip())
 
 
 def validate_image_record(record: dict[str, Any]) -> None:
@@ -613,6 +614,7 @@ __all__ = [
     "BuiltImage",
     "PipSettings",
     "build_cpu_image",
+    "commit_epoch",
     "cpu_build_args",
     "host_pip_settings",
     "make_cpu_wheelhouse",

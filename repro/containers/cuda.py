@@ -477,7 +477,7 @@ def build_cuda_image(
             f"{lock['python']['version']} ({lock_path}); they must match"
         )
     kit = envinfo.collect_kit(build_mod.REPO)
-    epoch = _commit_epoch(kit.get("git_commit"))
+    epoch = build_mod.commit_epoch(kit.get("git_commit"))
     created = utc_text(epoch)
     patch_records = [{"path": p.name, "sha256": sha256_file(p)} for p in patches]
     labels = labels_for(
@@ -644,18 +644,6 @@ def _untag(client, tag: str, log) -> None:
         log(f"[repro] removed the tag {tag}: the image failed its check")
     except docker.errors.APIError:
         pass
-
-
-def _commit_epoch(commit: str | None) -> int | None:
-    if not commit:
-        return None
-    out = subprocess.run(
-        ["git", "-C", str(build_mod.REPO), "show", "-s", "--format=%ct", commit],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return int(out.stdout.strip()) if out.returncode == 0 and out.stdout.strip() else None
 
 
 def _repo_relative(path: Path) -> str:

@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -288,29 +288,54 @@ def _user() -> str | None:
 # --- a profile's arms in a container ---------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class RunRequest:
+    """What a run in a container is asked for: ``profile``'s ``arms``, their records in
+    ``out_dir``. A run that never gets a container records the same request in its arms'
+    `error` records as one whose container died."""
+
+    profile: Profile
+    arms: list[str]
+    out_dir: Path
+    overrides: dict[str, Any]
+    fault_kind: str | None
+    command: list[str]  # the host's command line, as the records quote it
+    # `python -m repro run` options other than profile, model and output (the same settings
+    # as ``overrides`` and ``fault_kind``, as the command inside the container takes them).
+    run_args: list[str]
+    arm_timeout_s: float
+
+    def context(self, run_id: str, arm: str, model_path: str) -> RunContext:
+        """``arm``'s context in run ``run_id``, with the model at ``model_path``."""
+        return RunContext.new(
+            run_id=run_id,
+            arm=arm,
+            command=self.command,
+            profile=self.profile,
+            model_path=model_path,
+            overrides=self.overrides,
+            fault_kind=self.fault_kind,
+        )
+
+
 def run_profile_in_container(
+    request: RunRequest,
     *,
     client,
     image: ImageFacts,
-    profile: Profile,
     model_dir: Path,
-    out_dir: Path,
-    arms: list[str],
-    run_args: list[str],
-    fault_kind: str | None,
-    overrides: dict[str, Any],
-    arm_timeout_s: float,
-    command: list[str],
     model_subpath: str | None = None,
     echo: TextIO | None = sys.stdout,
 ) -> dict[str, dict[str, Any]]:
-    """Run ``profile``'s arms in ``image``; return one record per arm (written in ``out_dir``).
+    """Run the request's arms in ``image``; return one record per arm (written in its
+    ``out_dir``).
 
-    ``run_args`` are `python -m repro run` options other than profile, model and output.
     The model folder ``model_dir`` is mounted at /model (``model_subpath`` inside it is the
     model, for a Hub cache whose snapshots link into blobs/).
     """
-    out_dir = Path(out_dir).resolve()
+    # Docker mounts absolute paths; the error records go to the same folder.
+    request = replace(request, out_dir=Path(request.out_dir).resolve())
+    profile, arms, out_dir = request.profile, request.arms, request.out_dir
     host_log = open_run_log(out_dir)
     run_id = runner.new_run_id()
     model_path = f"{CONTAINER_MODEL}/{model_subpath}" if model_subpath else CONTAINER_MODEL
@@ -320,7 +345,7 @@ def run_profile_in_container(
     (out_dir / FACTS_FILE).unlink(missing_ok=True)
     inner = [
         "run", "--profile", profile.name, "--model-path", model_path, "--out", CONTAINER_OUT,
-        "--arms", *arms, "--arm-timeout", str(arm_timeout_s), *run_args,
+        "--arms", *arms, "--arm-timeout", str(request.arm_timeout_s), *request.run_args,
     ]  # fmt: skip
     if profile.device != get_profile_device(profile):
         inner += ["--device", profile.device]
@@ -344,7 +369,7 @@ def run_profile_in_container(
         Mount(out_dir, CONTAINER_OUT, read_only=False),
     ]
     gpus = profile.tensor_parallel_size if profile.device == "cuda" else 0
-    timeout_s = arm_timeout_s * len(arms) + STARTUP_GRACE_S
+    timeout_s = request.arm_timeout_s * len(arms) + STARTUP_GRACE_S
     started = time.monotonic()
     outcome: Outcome | None = None
     failure: str | None = None
@@ -387,14 +412,10 @@ def run_profile_in_container(
     else:
         whats = dict.fromkeys(missing, failure)
     errors = _error_records(
+        request,
         whats,
         run_id=run_id,
-        command=command,
-        profile=profile,
         model_path=model_path,
-        overrides=overrides,
-        fault_kind=fault_kind,
-        out_dir=out_dir,
         logs=lambda arm: [f"logs/{arm}.log", CONTAINER_LOG],
         environment=_container_environment(out_dir, image),
         error_type="ContainerRunFailed",
@@ -468,30 +489,16 @@ def _container_environment(out_dir: Path, image: ImageFacts) -> Environment:
     ).in_container(image.as_record())
 
 
-def no_container_records(
-    *,
-    out_dir: Path,
-    profile: Profile,
-    arms: list[str],
-    model_path: str,
-    overrides: dict[str, Any],
-    fault_kind: str | None,
-    command: list[str],
-    error: ReproError,
-) -> dict[str, dict[str, Any]]:
+def no_container_records(request: RunRequest, *, error: ReproError) -> dict[str, dict[str, Any]]:
     """`error` records for a run that never got a container (no daemon, no image, a failed
     build): the message in ``logs/container.log``, the facts of this host."""
-    with open_run_log(out_dir) as log:
+    with open_run_log(request.out_dir) as log:
         log.write(f"[repro] {type(error).__name__}: {error}\n")
     return _error_records(
-        {arm: f"no container ran: {error}" for arm in arms},
+        request,
+        {arm: f"no container ran: {error}" for arm in request.arms},
         run_id=runner.new_run_id(),
-        command=command,
-        profile=profile,
-        model_path=model_path,
-        overrides=overrides,
-        fault_kind=fault_kind,
-        out_dir=out_dir,
+        model_path=CONTAINER_MODEL,  # where the model would have been mounted
         logs=lambda _arm: [CONTAINER_LOG],
         # This host's facts, in the container that never started.
         environment=Environment.here().in_container(None),
@@ -500,15 +507,11 @@ def no_container_records(
 
 
 def _error_records(
+    request: RunRequest,
     whats: dict[str, str],
     *,
     run_id: str,
-    command: list[str],
-    profile: Profile,
     model_path: str,
-    overrides: dict[str, Any],
-    fault_kind: str | None,
-    out_dir: Path,
     logs: Callable[[str], list[str]],
     environment: Environment,
     error_type: str,
@@ -519,17 +522,9 @@ def _error_records(
     return {
         arm: runner.write_error_record(
             arm=arm,
-            context=RunContext.new(
-                run_id=run_id,
-                arm=arm,
-                command=command,
-                profile=profile,
-                model_path=model_path,
-                overrides=overrides,
-                fault_kind=fault_kind,
-            ),
+            context=request.context(run_id, arm, model_path),
             what=what,
-            out_dir=out_dir,
+            out_dir=request.out_dir,
             logs=logs(arm),
             environment=environment,
             error_type=error_type,
@@ -587,6 +582,7 @@ __all__ = [
     "ContainerRunError",
     "Mount",
     "Outcome",
+    "RunRequest",
     "build_tiny_model_in_image",
     "no_container_records",
     "run_profile_in_container",
