@@ -208,7 +208,7 @@ class Engine:
         except Exception:  # noqa: BLE001 - shutting down a half-dead engine must not mask
             pass
         del llm
-        gc.collect()
+        freeze_long_lived_objects()
 
     @property
     def llm(self):
@@ -393,6 +393,20 @@ class Engine:
                 "engagement", "vLLM's metrics hold no prefix-cache counters; none can be read"
             )
         return Counters(**totals)
+
+
+def freeze_long_lived_objects() -> None:
+    """Collect, then keep every survivor out of the collector's later passes.
+
+    After vLLM's import, and after an engine's shutdown, the heap holds millions of objects
+    that live as long as the process (modules, torch's and vLLM's registries). Each full
+    collection walks them all, about half a second here, and an engine boot runs several.
+    Frozen, they are skipped. vLLM's engine shutdown unfreezes before it collects (so that a
+    dead engine's memory is found), hence a freeze again after each engine; vLLM's server and
+    engine core freeze their heaps the same way after start-up (`freeze_gc_heap`).
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def resolve_settings(

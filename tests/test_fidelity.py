@@ -195,8 +195,10 @@ def geometry_rule(p):
 
 
 def teardown(p):
-    assert "gc.collect()" in inspect.getsource(engine.Engine.__exit__)
-    return "shutdown + gc.collect()"
+    assert "freeze_long_lived_objects()" in inspect.getsource(engine.Engine.__exit__)
+    collect = inspect.getsource(engine.freeze_long_lived_objects)
+    assert collect.index("gc.collect()") < collect.index("gc.freeze()")
+    return "shutdown + gc.collect() + gc.freeze()"
 
 
 def cold_race_manual_rule(p) -> tuple[str, str]:

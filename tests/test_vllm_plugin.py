@@ -164,6 +164,9 @@ def _engine_main(config: dict[str, Any]) -> dict[str, Any]:
         _install_reference_copy_paths()
     from vllm import LLM, SamplingParams
 
+    from repro.engine import freeze_long_lived_objects
+
+    freeze_long_lived_objects()  # as the kit's engine process: a boot's collections skip vLLM
     apc = config["apc"]
     settings: dict[str, Any] = dict(
         model=config["model"],

@@ -305,10 +305,8 @@ def make_cpu_wheelhouse(
 
 
 def _pyproject() -> dict[str, Any]:
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib  # type: ignore[no-redef]
+    import tomllib
+
     return tomllib.loads((REPO / "pyproject.toml").read_text())
 
 
