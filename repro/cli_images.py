@@ -281,7 +281,7 @@ def cmd_cuda_wheelhouse(args: argparse.Namespace) -> int:
 
 
 def cmd_lock_compare(args: argparse.Namespace) -> int:
-    from repro.installset.lock import compare_records
+    from repro.containers.cuda import compare_records
 
     result = compare_records(
         json.loads(args.image_record.read_text()), json.loads(args.manifest.read_text())

@@ -679,6 +679,43 @@ def make_cuda_wheelhouse(lock_path: Path, dest: Path, *, log=print) -> list:
     return download(locked_packages(lock), Path(dest), target, log=log)
 
 
+# --- the image against an install set from the same lock ------------------------------------
+
+
+def compare_records(image_record: dict[str, Any], manifest: dict[str, Any]) -> dict:
+    """How an image record's wheels and an install set manifest's wheels relate. Equal: the
+    same lock (by sha256), every set wheel in the image with the same sha256, and the image's
+    other wheels the lock's ``host`` and ``image-only`` ones."""
+    from repro.installset.lock import ORIGINS
+
+    image_lock = (image_record.get("lock") or {}).get("sha256")
+    set_lock = (manifest.get("lock") or {}).get("sha256")
+    image_wheels = {w["filename"]: w for w in (image_record.get("lock") or {}).get("wheels", [])}
+    set_wheels = {w["filename"]: w for w in manifest["wheels"]}
+    differing = [
+        f"{name}: image {image_wheels[name]['sha256'][:12]}, set {w['sha256'][:12]}"
+        for name, w in set_wheels.items()
+        if name in image_wheels and image_wheels[name]["sha256"] != w["sha256"]
+    ]
+    only_set = sorted(set(set_wheels) - set(image_wheels))
+    only_image = sorted(set(image_wheels) - set(set_wheels))
+    unexpected = [n for n in only_image if image_wheels[n].get("origin") == "install-set"]
+    same_lock = bool(image_lock) and image_lock == set_lock
+    return {
+        "same_lock": same_lock,
+        "image_lock_sha256": image_lock,
+        "set_lock_sha256": set_lock,
+        "wheels_in_both": len(set(set_wheels) & set(image_wheels)),
+        "sha256_differs": differing,
+        "only_in_set": only_set,
+        "only_in_image": {
+            origin: sorted(n for n in only_image if image_wheels[n].get("origin") == origin)
+            for origin in ORIGINS
+        },
+        "equal": same_lock and not (differing or only_set or unexpected),
+    }
+
+
 __all__ = [
     "DEFAULT_VARIANT",
     "BaseDigestMismatch",
@@ -692,6 +729,7 @@ __all__ = [
     "precheck_patches",
     "choose_base",
     "commit_index_url",
+    "compare_records",
     "make_cuda_wheelhouse",
     "vllm_source",
     "wheel_server",

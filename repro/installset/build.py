@@ -26,7 +26,7 @@ from repro.clock import utc_text
 from repro.installset import InstallSetError, install
 from repro.installset.host import Target
 from repro.installset.install import Steps, human_bytes, unpacked_bytes
-from repro.installset.resolve import Locked, choose_wheel, tag_priority
+from repro.installset.resolve import Locked, choose_wheel
 
 DEFAULT_PART_SIZE = 55 * 1024 * 1024
 _UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "KI": 2**10, "MI": 2**20, "GI": 2**30}
@@ -55,8 +55,7 @@ def download(packages: Sequence[Locked], dest: Path, target: Target, *, log=prin
     """pip downloads each package's wheel for ``target`` by URL, checking its sha256; a file
     already in ``dest`` with that hash is kept. Records in ``packages``' order."""
     dest.mkdir(parents=True, exist_ok=True)
-    priority = tag_priority(target)
-    chosen = [(pkg, choose_wheel(pkg, target, priority)) for pkg in packages]
+    chosen = [(pkg, choose_wheel(pkg, target)) for pkg in packages]
     size = sum(w.size or 0 for _, w in chosen)
     log(f"downloading {len(chosen)} wheel(s), {human_bytes(size)} (pip, --require-hashes)")
     lines = "".join(f"{p.name} @ {w.url} --hash=sha256:{w.sha256}\n" for p, w in chosen)
