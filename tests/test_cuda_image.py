@@ -174,7 +174,7 @@ def test_the_0_26_0_lock_is_the_h200s_torch_plus_the_install_set():
             assert host.get(pkg["name"]).version == pkg["version"], pkg["name"]
         else:
             assert host.get(pkg["name"]) is None, pkg["name"]
-    text = lockmod.requirements_text(lock)
+    text = cuda.requirements_text(lock)
     assert text.count("--hash=sha256:") == len(lock["packages"])
 
 

@@ -55,6 +55,7 @@ WHEELS_SERVER = "https://wheels.vllm.ai"
 # would defeat the layer cache.
 WHEEL_SERVER_PORT = 47391
 LABEL_MARKER = "# REPRO-LABELS (the kit puts one LABEL instruction here)"
+LOCKS_DIR = build_mod.REPO / "containers" / "locks"
 # Disk a build needs, per byte of locked wheels: the install step's container (about twice
 # the wheels installed) and, while it commits, the new layer's copy of it under vfs. Measured
 # 4.7 for 0.32.0 (docs/cuda-image.md, §Measured).
@@ -450,7 +451,7 @@ def build_cuda_image(
     """Build containers/cuda.Dockerfile for ``vllm_ref`` from the lock and write its record."""
     from repro import envinfo, patching
     from repro.containers.imagecheck import ImageCheckFailed, check_image
-    from repro.installset.lock import read_lock, requirements_text
+    from repro.installset.lock import read_lock
 
     patches = [Path(p).resolve() for p in patches or []]
     for patch in patches:
@@ -665,6 +666,23 @@ def _repo_relative(path: Path) -> str:
         return str(path)
 
 
+# --- the lock, as the image reads it -----------------------------------------------------------
+
+
+def default_lock_path(vllm_ref: str, cuda_variant: str, python_tag: str) -> Path:
+    return LOCKS_DIR / f"vllm-{vllm_ref}-{cuda_variant}-{python_tag}.lock.json"
+
+
+def requirements_text(lock: dict[str, Any]) -> str:
+    """The lock as a pip requirements file in hash-checking mode: exactly these files."""
+    from repro.installset.lock import FORMAT
+
+    lines = [f"# from {FORMAT} (vllm {lock['vllm'].get('ref')}); pip install --require-hashes"]
+    for p in lock["packages"]:
+        lines.append(f"{p['name']}=={p['version']} --hash=sha256:{p['sha256']}")
+    return "\n".join(lines) + "\n"
+
+
 # --- the wheelhouse -------------------------------------------------------------------------------
 
 
@@ -727,9 +745,11 @@ __all__ = [
     "build_cuda_image",
     "check_wheelhouse",
     "precheck_patches",
+    "requirements_text",
     "choose_base",
     "commit_index_url",
     "compare_records",
+    "default_lock_path",
     "make_cuda_wheelhouse",
     "vllm_source",
     "wheel_server",

@@ -17,7 +17,6 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
-from repro import KIT_SOURCE
 from repro.clock import utc_text
 from repro.installset import InstallSetError, resolve
 from repro.installset.host import HostEnv, Target, read_freeze
@@ -27,11 +26,6 @@ from repro.installset.resolve import Locked, LockedWheel
 FORMAT = "repro-kit/wheel-lock"
 FORMAT_VERSION = 1
 ORIGINS = ("install-set", "host", "image-only")
-LOCKS_DIR = KIT_SOURCE / "containers" / "locks"
-
-
-def default_lock_path(vllm_ref: str, cuda_variant: str, python_tag: str) -> Path:
-    return LOCKS_DIR / f"vllm-{vllm_ref}-{cuda_variant}-{python_tag}.lock.json"
 
 
 def make_lock(
@@ -162,12 +156,3 @@ def locked_packages(lock: Mapping[str, Any], origins: Sequence[str] = ORIGINS) -
         for p in lock["packages"]
         if p["origin"] in origins
     ]
-
-
-def requirements_text(lock: Mapping[str, Any], origins: Sequence[str] = ORIGINS) -> str:
-    """A pip requirements file in hash-checking mode: exactly these files, nothing else."""
-    lines = [f"# from {FORMAT} (vllm {lock['vllm'].get('ref')}); pip install --require-hashes"]
-    for p in lock["packages"]:
-        if p["origin"] in origins:
-            lines.append(f"{p['name']}=={p['version']} --hash=sha256:{p['sha256']}")
-    return "\n".join(lines) + "\n"
