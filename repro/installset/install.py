@@ -115,8 +115,8 @@ def stream_sha256(paths: Sequence[Path]) -> str:
 
 def recut(sources: Sequence[Path], outputs: Sequence[tuple[Path, int]]) -> None:
     """Copy the sources' bytes, joined in order, into new files of the given sizes (the
-    kernel copies: ``os.sendfile``). Sources that end early leave the last files short, and
-    bytes past the sizes are not copied: the callers' sha256 checks see either."""
+    kernel copies: ``os.sendfile``). Sources that end early leave the last files short; the
+    callers check every file's sha256."""
     with contextlib.ExitStack() as stack:
         files = iter([stack.enter_context(open(p, "rb")) for p in sources])
         src = next(files, None)
