@@ -15,8 +15,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from packaging.utils import canonicalize_name
-
 from repro.clock import utc_text
 from repro.installset import InstallSetError, resolve
 from repro.installset.host import HostEnv, Target, read_freeze
@@ -60,16 +58,15 @@ def make_lock(
     if image:
         log("resolving the image's whole closure (the host's packages as real wheels)")
         fixed = [f"{p.name}=={p.version}" for p in res.packages]
-        host_pins = [
-            f"{pkg.name}=={pkg.version}"
+        host_pins = {
+            key: f"{pkg.name}=={pkg.version}"
             for key, pkg in sorted(host.packages.items())
             if pkg.version and key not in shipped
-        ]
-        kept = [p for p in host_pins if canonicalize_name(p.split("==")[0]) in res.overrides]
+        }
         full = compiler.compile(
             [root, *extra_requirements],
-            constraints=[*fixed, *(p for p in host_pins if p not in kept)],
-            overrides=kept,
+            constraints=[*fixed, *(p for k, p in host_pins.items() if k not in res.overrides)],
+            overrides=[host_pins[key] for key in res.overrides],
             excludes=sorted(res.excluded),
         )
     packages, problems = [], []
@@ -86,7 +83,7 @@ def make_lock(
             | {"filename": wheel.filename, "url": wheel.url, "sha256": wheel.sha256}
             | {"bytes": wheel.size}
         )
-    missing = sorted(set(shipped) - {canonicalize_name(p["name"]) for p in packages})
+    missing = sorted(set(shipped) - {p.key for p in full})
     problems += [f"{name}: in the install set but not in the image's closure" for name in missing]
     if problems:
         raise InstallSetError(
