@@ -18,7 +18,7 @@ from pathlib import Path
 
 from repro.containers.base import DEFAULT_SUITE, DEFAULT_TAG, RECIPES
 from repro.containers.build import CPU_IMAGE_PYTHON
-from repro.containers.cuda import DEFAULT_VARIANT, LOCK_PYTHON
+from repro.containers.cuda import DEFAULT_VARIANT, LOCK_PYTHON, default_lock_path
 from repro.engine_env import DEFAULT_VLLM_CPU
 from repro.errors import ReproError
 
@@ -211,8 +211,6 @@ def cuda_lock_path(
 ) -> Path:
     """``lock`` where given, else the ref's lock under containers/locks/ for ``variant`` and
     ``python`` (the defaults where None)."""
-    from repro.installset.lock import default_lock_path
-
     if lock:
         return lock
     python = python or LOCK_PYTHON
@@ -281,7 +279,7 @@ def cmd_cuda_wheelhouse(args: argparse.Namespace) -> int:
 
 
 def cmd_lock_compare(args: argparse.Namespace) -> int:
-    from repro.installset.lock import compare_records
+    from repro.containers.cuda import compare_records
 
     result = compare_records(
         json.loads(args.image_record.read_text()), json.loads(args.manifest.read_text())

@@ -174,7 +174,7 @@ def test_the_0_26_0_lock_is_the_h200s_torch_plus_the_install_set():
             assert host.get(pkg["name"]).version == pkg["version"], pkg["name"]
         else:
             assert host.get(pkg["name"]) is None, pkg["name"]
-    text = lockmod.requirements_text(lock)
+    text = cuda.requirements_text(lock)
     assert text.count("--hash=sha256:") == len(lock["packages"])
 
 
@@ -207,13 +207,13 @@ def test_compare_records_names_a_wheel_that_differs():
         }
     }
     manifest = {"lock": lock, "wheels": [{"filename": "vllm.whl", "sha256": "1" * 64}]}
-    same = lockmod.compare_records(image, manifest)
+    same = cuda.compare_records(image, manifest)
     assert same["equal"] and same["only_in_image"]["host"] == ["torch.whl"]
     manifest["wheels"][0]["sha256"] = "3" * 64
-    assert not lockmod.compare_records(image, manifest)["equal"]
+    assert not cuda.compare_records(image, manifest)["equal"]
     manifest["wheels"][0]["sha256"] = "1" * 64
     manifest["lock"] = {"sha256": "b" * 64}
-    assert not lockmod.compare_records(image, manifest)["same_lock"]
+    assert not cuda.compare_records(image, manifest)["same_lock"]
 
 
 # --- patches ------------------------------------------------------------------------------------
@@ -477,7 +477,7 @@ def test_the_0_26_0_image_and_install_set_from_one_lock(docker_client, tmp_path)
         # The set is no longer xz-compressed (its parts are the wheels, cut), so there is no
         # preset to pass.
         manifest, _ = build_from_lock(LOCK_026, tmp_path / "set", wheels_from=wheelhouse)
-        same = lockmod.compare_records(built.record, manifest)
+        same = cuda.compare_records(built.record, manifest)
         assert same["equal"], same
         if not os.environ.get("REPRO_CUDA_WHEELHOUSE"):
             # Its 3 GB are not needed any more; the archive below takes 7 GB more.

@@ -159,7 +159,7 @@ def test_cuda_image_record_validates_and_its_check_agrees_with_its_labels(path):
 
 def test_the_0_26_0_lock_comparison_follows_from_the_committed_records():
     from repro.artifact import schema_violations
-    from repro.installset.lock import compare_records
+    from repro.containers.cuda import compare_records
 
     folder = CUDA_IMAGES / "vllm-0.26.0"
     manifest = json.loads((folder / "installset-manifest.json").read_text())

@@ -55,6 +55,7 @@ WHEELS_SERVER = "https://wheels.vllm.ai"
 # would defeat the layer cache.
 WHEEL_SERVER_PORT = 47391
 LABEL_MARKER = "# REPRO-LABELS (the kit puts one LABEL instruction here)"
+LOCKS_DIR = build_mod.REPO / "containers" / "locks"
 # Disk a build needs, per byte of locked wheels: the install step's container (about twice
 # the wheels installed) and, while it commits, the new layer's copy of it under vfs. Measured
 # 4.7 for 0.32.0 (docs/cuda-image.md, §Measured).
@@ -450,7 +451,7 @@ def build_cuda_image(
     """Build containers/cuda.Dockerfile for ``vllm_ref`` from the lock and write its record."""
     from repro import envinfo, patching
     from repro.containers.imagecheck import ImageCheckFailed, check_image
-    from repro.installset.lock import read_lock, requirements_text
+    from repro.installset.lock import read_lock
 
     patches = [Path(p).resolve() for p in patches or []]
     for patch in patches:
@@ -653,6 +654,23 @@ def _repo_relative(path: Path) -> str:
         return str(path)
 
 
+# --- the lock, as the image reads it -----------------------------------------------------------
+
+
+def default_lock_path(vllm_ref: str, cuda_variant: str, python_tag: str) -> Path:
+    return LOCKS_DIR / f"vllm-{vllm_ref}-{cuda_variant}-{python_tag}.lock.json"
+
+
+def requirements_text(lock: dict[str, Any]) -> str:
+    """The lock as a pip requirements file in hash-checking mode: exactly these files."""
+    from repro.installset.lock import FORMAT
+
+    lines = [f"# from {FORMAT} (vllm {lock['vllm'].get('ref')}); pip install --require-hashes"]
+    for p in lock["packages"]:
+        lines.append(f"{p['name']}=={p['version']} --hash=sha256:{p['sha256']}")
+    return "\n".join(lines) + "\n"
+
+
 # --- the wheelhouse -------------------------------------------------------------------------------
 
 
@@ -667,6 +685,43 @@ def make_cuda_wheelhouse(lock_path: Path, dest: Path, *, log=print) -> list:
     return download(locked_packages(lock), Path(dest), target, log=log)
 
 
+# --- the image against an install set from the same lock ------------------------------------
+
+
+def compare_records(image_record: dict[str, Any], manifest: dict[str, Any]) -> dict:
+    """How an image record's wheels and an install set manifest's wheels relate. Equal: the
+    same lock (by sha256), every set wheel in the image with the same sha256, and the image's
+    other wheels the lock's ``host`` and ``image-only`` ones."""
+    from repro.installset.lock import ORIGINS
+
+    image_lock = (image_record.get("lock") or {}).get("sha256")
+    set_lock = (manifest.get("lock") or {}).get("sha256")
+    image_wheels = {w["filename"]: w for w in (image_record.get("lock") or {}).get("wheels", [])}
+    set_wheels = {w["filename"]: w for w in manifest["wheels"]}
+    differing = [
+        f"{name}: image {image_wheels[name]['sha256'][:12]}, set {w['sha256'][:12]}"
+        for name, w in set_wheels.items()
+        if name in image_wheels and image_wheels[name]["sha256"] != w["sha256"]
+    ]
+    only_set = sorted(set(set_wheels) - set(image_wheels))
+    only_image = sorted(set(image_wheels) - set(set_wheels))
+    unexpected = [n for n in only_image if image_wheels[n].get("origin") == "install-set"]
+    same_lock = bool(image_lock) and image_lock == set_lock
+    return {
+        "same_lock": same_lock,
+        "image_lock_sha256": image_lock,
+        "set_lock_sha256": set_lock,
+        "wheels_in_both": len(set(set_wheels) & set(image_wheels)),
+        "sha256_differs": differing,
+        "only_in_set": only_set,
+        "only_in_image": {
+            origin: sorted(n for n in only_image if image_wheels[n].get("origin") == origin)
+            for origin in ORIGINS
+        },
+        "equal": same_lock and not (differing or only_set or unexpected),
+    }
+
+
 __all__ = [
     "DEFAULT_VARIANT",
     "BaseDigestMismatch",
@@ -678,8 +733,11 @@ __all__ = [
     "build_cuda_image",
     "check_wheelhouse",
     "precheck_patches",
+    "requirements_text",
     "choose_base",
     "commit_index_url",
+    "compare_records",
+    "default_lock_path",
     "make_cuda_wheelhouse",
     "vllm_source",
     "wheel_server",

@@ -26,7 +26,8 @@ from repro.clock import utc_text
 from repro.installset import InstallSetError, install
 from repro.installset.host import Target
 from repro.installset.install import Steps, human_bytes, unpacked_bytes
-from repro.installset.resolve import Locked, choose_wheel, tag_priority
+from repro.installset.lock import locked_packages, make_lock, read_lock
+from repro.installset.resolve import Locked, choose_wheel
 
 DEFAULT_PART_SIZE = 55 * 1024 * 1024
 _UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "KI": 2**10, "MI": 2**20, "GI": 2**30}
@@ -55,8 +56,7 @@ def download(packages: Sequence[Locked], dest: Path, target: Target, *, log=prin
     """pip downloads each package's wheel for ``target`` by URL, checking its sha256; a file
     already in ``dest`` with that hash is kept. Records in ``packages``' order."""
     dest.mkdir(parents=True, exist_ok=True)
-    priority = tag_priority(target)
-    chosen = [(pkg, choose_wheel(pkg, target, priority)) for pkg in packages]
+    chosen = [(pkg, choose_wheel(pkg, target)) for pkg in packages]
     size = sum(w.size or 0 for _, w in chosen)
     log(f"downloading {len(chosen)} wheel(s), {human_bytes(size)} (pip, --require-hashes)")
     lines = "".join(f"{p.name} @ {w.url} --hash=sha256:{w.sha256}\n" for p, w in chosen)
@@ -161,8 +161,6 @@ def build_vllm(
     """The set for ``vllm==VERSION`` on the host described by ``freeze_file``: its wheel lock
     (the install set alone, ``OUT/wheel-lock.json``), then `build_from_lock`. ``resolving``:
     `lock.make_lock`'s ``exclude``, ``index_url``, ``uv`` and ``exclude_newer``."""
-    from repro.installset.lock import make_lock
-
     steps = steps or Steps()
     with steps.step("resolve"):
         lock = make_lock(
@@ -190,9 +188,8 @@ def build_from_lock(
 ) -> tuple[dict[str, Any], str]:
     """The set of a wheel lock's ``install-set`` wheels (repro/installset/lock.py): the same
     files, by sha256, that the CUDA image made from that lock installs. ``wheels_from``: a
-    folder already holding some of them (a CUDA wheelhouse), linked instead of downloaded."""
-    from repro.installset.lock import locked_packages, read_lock
-
+    folder already holding some of them (a CUDA wheelhouse), linked instead of downloaded
+    (pip checks a file already in its destination by sha256 and fetches it again if wrong)."""
     steps, started = steps or Steps(), time.monotonic()
     lock = read_lock(lock_path)
     target = Target(lock["python"]["version"], tuple(lock["platforms"]))
@@ -201,7 +198,7 @@ def build_from_lock(
     wheels_dir.mkdir(parents=True, exist_ok=True)
     for wheel in (pkg.wheels[0] for pkg in packages if wheels_from):
         src, dst = Path(wheels_from) / wheel.filename, wheels_dir / wheel.filename
-        if src.is_file() and not dst.exists() and sha256_file(src) == wheel.sha256:
+        if src.is_file() and not dst.exists():
             try:
                 os.link(src, dst)
             except OSError:

@@ -38,7 +38,6 @@ class HostEnv:
     """The host's packages by canonical name, and the sha256 of the list they came from."""
 
     packages: Mapping[str, HostPackage]
-    source: str = "<memory>"
     sha256: str = ""
     skipped_lines: tuple[str, ...] = ()
 
@@ -66,7 +65,7 @@ def _package(line: str) -> HostPackage | None:
     return HostPackage(req.name, None if req.url else pins[0], line)
 
 
-def parse_freeze(text: str, *, source: str = "<memory>", sha256: str | None = None) -> HostEnv:
+def parse_freeze(text: str, *, source: str = "<memory>") -> HostEnv:
     """``pip freeze`` output: ``name==version``, ``name @ url`` and ``-e …#egg=name`` lines.
     Comments and pip options are skipped (the latter kept in ``skipped_lines``); a name listed
     twice must agree on its version."""
@@ -85,17 +84,18 @@ def parse_freeze(text: str, *, source: str = "<memory>", sha256: str | None = No
                 f"{source}: {pkg.name} is listed twice with different versions "
                 f"({old.line!r} and {pkg.line!r}); give the host's real freeze output"
             )
-    digest = sha256 or hashlib.sha256(text.encode("utf-8")).hexdigest()
-    return HostEnv(packages, source=source, sha256=digest, skipped_lines=tuple(skipped))
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return HostEnv(packages, sha256=digest, skipped_lines=tuple(skipped))
 
 
 def read_freeze(path: str | Path) -> HostEnv:
-    """Read and parse a freeze file; its sha256 is of the file's bytes as stored."""
+    """Read and parse a freeze file; its sha256 is of the file's bytes as stored (strict
+    UTF-8 decodes and encodes back to the same bytes)."""
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
         raise InstallSetError(f"cannot read the host's freeze file {path}: {exc}") from exc
-    env = parse_freeze(data.decode(), source=str(path), sha256=hashlib.sha256(data).hexdigest())
+    env = parse_freeze(data.decode(), source=str(path))
     if not env.packages:
         raise InstallSetError(
             f"{path} names no packages; expected the output of `pip list --format=freeze` "

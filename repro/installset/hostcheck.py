@@ -64,12 +64,10 @@ def installed_digests(paths: Sequence[str] | None = None) -> dict[str, list]:
     return {_key(d.metadata["Name"]): _digest(d, d.version, rehash=True) for d in found}
 
 
-def wheel_digests(
-    lock: Mapping[str, Any], wheels_dir: Path, origins: Sequence[str] = ("host",)
-) -> dict[str, list]:
-    """The same digest for every lock wheel of ``origins`` in ``wheels_dir``."""
+def wheel_digests(lock: Mapping[str, Any], wheels_dir: Path) -> dict[str, list]:
+    """The same digest for every ``host`` wheel of the lock, from ``wheels_dir``."""
     out = {}
-    for pkg in (p for p in lock["packages"] if p["origin"] in origins):
+    for pkg in (p for p in lock["packages"] if p["origin"] == "host"):
         with zipfile.ZipFile(Path(wheels_dir) / pkg["filename"]) as zf:
             # The wheel's own RECORD, not a vendored package's (setuptools/_vendor/…).
             record = next(

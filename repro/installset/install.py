@@ -113,9 +113,10 @@ def stream_sha256(paths: Sequence[Path]) -> str:
     return whole.hexdigest()
 
 
-def recut(sources: Sequence[Path], outputs: Sequence[tuple[Path, int]]) -> bool:
+def recut(sources: Sequence[Path], outputs: Sequence[tuple[Path, int]]) -> None:
     """Copy the sources' bytes, joined in order, into new files of the given sizes (the
-    kernel copies: ``os.sendfile``). False when the sources end early or hold more."""
+    kernel copies: ``os.sendfile``). Sources that end early leave the last files short; the
+    callers check every file's sha256."""
     with contextlib.ExitStack() as stack:
         files = iter([stack.enter_context(open(p, "rb")) for p in sources])
         src = next(files, None)
@@ -126,9 +127,6 @@ def recut(sources: Sequence[Path], outputs: Sequence[tuple[Path, int]]) -> bool:
                         size -= sent
                     else:
                         src = next(files, None)
-            if size:
-                return False
-        return not any(f.read(1) for f in [src, *files] if f)
 
 
 def unpacked_bytes(paths: Sequence[Path], *, check_members: bool = False) -> int:
@@ -247,17 +245,16 @@ def verify(parts_dir: str | Path, *, steps: Steps | None = None) -> Verified:
 
 def _cut_wheels(checked: Verified, folder: Path) -> list[Path]:
     """The parts cut back into the wheel files, each checked by its sha256 (pip checks too,
-    but would not name the wheel against the manifest), then their members."""
+    but would not name the wheel against the manifest; a part changed since ``verify`` shows
+    here), then their members."""
     wheels = checked.manifest["wheels"]
     paths = [folder / w["filename"] for w in wheels]
-    if not recut(checked.parts, [(p, w["bytes"]) for p, w in zip(paths, wheels, strict=True)]):
-        problems = ["the parts changed while installing: they no longer hold the wheels' bytes"]
-    else:
-        problems = [
-            f"{w['filename']}: sha256 expected {w['sha256']}, found {found}"
-            for w, path in zip(wheels, paths, strict=True)
-            if (found := sha256_file(path)) != w["sha256"]
-        ]
+    recut(checked.parts, [(p, w["bytes"]) for p, w in zip(paths, wheels, strict=True)])
+    problems = [
+        f"{w['filename']}: sha256 expected {w['sha256']}, found {found}"
+        for w, path in zip(wheels, paths, strict=True)
+        if (found := sha256_file(path)) != w["sha256"]
+    ]
     if problems:
         raise PartsInvalid(problems, checked.parts[0].parent)
     claimed = unpacked_bytes(paths, check_members=True)
@@ -288,9 +285,8 @@ def _check_target(target: Path, manifest_sha: str, replace: bool) -> bool:
         )
     if any(target.iterdir()) and marker_sha is None:  # --replace deletes only what it wrote
         raise InstallSetError(
-            f"target {target} is not empty and has no {MARKER_NAME}: it is not an install "
-            "set this kit installed, so --replace will not delete it. Give an empty or new "
-            "folder (or remove that one yourself if it is yours to remove)"
+            f"target {target} is not empty and has no {MARKER_NAME}: this kit did not install "
+            "it, so --replace will not delete it; give an empty or new folder"
         )
     return False
 

@@ -15,9 +15,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from packaging.utils import canonicalize_name
-
-from repro import KIT_SOURCE
 from repro.clock import utc_text
 from repro.installset import InstallSetError, resolve
 from repro.installset.host import HostEnv, Target, read_freeze
@@ -27,11 +24,6 @@ from repro.installset.resolve import Locked, LockedWheel
 FORMAT = "repro-kit/wheel-lock"
 FORMAT_VERSION = 1
 ORIGINS = ("install-set", "host", "image-only")
-LOCKS_DIR = KIT_SOURCE / "containers" / "locks"
-
-
-def default_lock_path(vllm_ref: str, cuda_variant: str, python_tag: str) -> Path:
-    return LOCKS_DIR / f"vllm-{vllm_ref}-{cuda_variant}-{python_tag}.lock.json"
 
 
 def make_lock(
@@ -53,7 +45,7 @@ def make_lock(
     """The lock for ``root`` (``vllm==0.26.0`` or ``vllm @ URL``) on ``target``. No
     ``freeze_file``: a host with nothing. ``extra_requirements`` go into the image only; with
     ``image`` off the lock holds the install set alone (one resolution)."""
-    host = read_freeze(freeze_file) if freeze_file else HostEnv({}, source="none")
+    host = read_freeze(freeze_file) if freeze_file else HostEnv({})
     uv = resolve.find_uv(uv)
     compiler = resolve.UvCompiler(
         target, uv, index_url or resolve.DEFAULT_INDEX, tuple(extra_index_urls), exclude_newer
@@ -66,19 +58,18 @@ def make_lock(
     if image:
         log("resolving the image's whole closure (the host's packages as real wheels)")
         fixed = [f"{p.name}=={p.version}" for p in res.packages]
-        host_pins = [
-            f"{pkg.name}=={pkg.version}"
+        host_pins = {
+            key: f"{pkg.name}=={pkg.version}"
             for key, pkg in sorted(host.packages.items())
             if pkg.version and key not in shipped
-        ]
-        kept = [p for p in host_pins if canonicalize_name(p.split("==")[0]) in res.overrides]
+        }
         full = compiler.compile(
             [root, *extra_requirements],
-            constraints=[*fixed, *(p for p in host_pins if p not in kept)],
-            overrides=kept,
+            constraints=[*fixed, *(p for k, p in host_pins.items() if k not in res.overrides)],
+            overrides=[host_pins[key] for key in res.overrides],
             excludes=sorted(res.excluded),
         )
-    priority, packages, problems = resolve.tag_priority(target), [], []
+    packages, problems = [], []
     for pkg in sorted(full, key=lambda p: (p.key != res.root.key, p.key)):
         host_pkg = host.get(pkg.name)
         origin = "install-set" if pkg.key in shipped else "host" if host_pkg else "image-only"
@@ -86,13 +77,13 @@ def make_lock(
             problems.append(f"{pkg.name}: {pkg.version} here, {theirs} shipped")
         if origin == "host" and pkg.version != host_pkg.version:
             problems.append(f"{pkg.name}: {pkg.version} here, the host has {host_pkg.version}")
-        wheel = resolve.choose_wheel(pkg, target, priority)
+        wheel = resolve.choose_wheel(pkg, target)
         packages.append(
             {"name": pkg.name, "version": pkg.version, "origin": origin}
             | {"filename": wheel.filename, "url": wheel.url, "sha256": wheel.sha256}
             | {"bytes": wheel.size}
         )
-    missing = sorted(set(shipped) - {canonicalize_name(p["name"]) for p in packages})
+    missing = sorted(set(shipped) - {p.key for p in full})
     problems += [f"{name}: in the install set but not in the image's closure" for name in missing]
     if problems:
         raise InstallSetError(
@@ -162,44 +153,3 @@ def locked_packages(lock: Mapping[str, Any], origins: Sequence[str] = ORIGINS) -
         for p in lock["packages"]
         if p["origin"] in origins
     ]
-
-
-def requirements_text(lock: Mapping[str, Any], origins: Sequence[str] = ORIGINS) -> str:
-    """A pip requirements file in hash-checking mode: exactly these files, nothing else."""
-    lines = [f"# from {FORMAT} (vllm {lock['vllm'].get('ref')}); pip install --require-hashes"]
-    for p in lock["packages"]:
-        if p["origin"] in origins:
-            lines.append(f"{p['name']}=={p['version']} --hash=sha256:{p['sha256']}")
-    return "\n".join(lines) + "\n"
-
-
-def compare_records(image_record: Mapping[str, Any], manifest: Mapping[str, Any]) -> dict:
-    """How an image record's wheels and an install set manifest's wheels relate. Equal: the
-    same lock (by sha256), every set wheel in the image with the same sha256, and the image's
-    other wheels the lock's ``host`` and ``image-only`` ones."""
-    image_lock = (image_record.get("lock") or {}).get("sha256")
-    set_lock = (manifest.get("lock") or {}).get("sha256")
-    image_wheels = {w["filename"]: w for w in (image_record.get("lock") or {}).get("wheels", [])}
-    set_wheels = {w["filename"]: w for w in manifest["wheels"]}
-    differing = [
-        f"{name}: image {image_wheels[name]['sha256'][:12]}, set {w['sha256'][:12]}"
-        for name, w in set_wheels.items()
-        if name in image_wheels and image_wheels[name]["sha256"] != w["sha256"]
-    ]
-    only_set = sorted(set(set_wheels) - set(image_wheels))
-    only_image = sorted(set(image_wheels) - set(set_wheels))
-    unexpected = [n for n in only_image if image_wheels[n].get("origin") == "install-set"]
-    same_lock = bool(image_lock) and image_lock == set_lock
-    return {
-        "same_lock": same_lock,
-        "image_lock_sha256": image_lock,
-        "set_lock_sha256": set_lock,
-        "wheels_in_both": len(set(set_wheels) & set(image_wheels)),
-        "sha256_differs": differing,
-        "only_in_set": only_set,
-        "only_in_image": {
-            origin: sorted(n for n in only_image if image_wheels[n].get("origin") == origin)
-            for origin in ORIGINS
-        },
-        "equal": same_lock and not (differing or only_set or unexpected),
-    }

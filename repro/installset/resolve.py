@@ -11,6 +11,7 @@ fewest overrides are found from uv's exit status and lock alone, never from its 
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -122,6 +123,7 @@ def parse_pylock(text: str) -> list[Locked]:
     return out
 
 
+@functools.cache
 def tag_priority(target: Target) -> dict[tags.Tag, int]:
     """Every tag the target runs, best first (packaging's order, as pip's)."""
     version = tuple(int(x) for x in target.python_minor.split("."))
@@ -130,10 +132,9 @@ def tag_priority(target: Target) -> dict[tags.Tag, int]:
     return {tag: rank for rank, tag in reversed(list(enumerate(ordered)))}  # a tag's best rank
 
 
-def choose_wheel(pkg: Locked, target: Target, priority: Mapping | None = None) -> LockedWheel:
+def choose_wheel(pkg: Locked, target: Target) -> LockedWheel:
     """The wheel of ``pkg`` pip would install on ``target`` (its best-ranked tag)."""
-    priority = priority if priority is not None else tag_priority(target)
-    ranked = []
+    priority, ranked = tag_priority(target), []
     for wheel in pkg.wheels:
         ranks = [priority[t] for t in parse_wheel_filename(wheel.filename)[3] if t in priority]
         if ranks:
@@ -306,9 +307,7 @@ def resolve(
         if excludes and measure_excluded:
             log("measuring the full closure (what the exclusions leave out)")
             full = attempt(overrides, excluding=False) or []
-    by_key = {p.key: p for p in locked if not p.is_stub}
-    if root_key not in by_key:
-        raise InstallSetError(f"uv's lock does not contain {root_key}")
+    by_key = {p.key: p for p in locked if not p.is_stub}  # uv's lock holds the root it solved
     packages = [by_key.pop(root_key)] + [by_key[k] for k in sorted(by_key)]
     kept = {p.key for p in locked}
     return Resolution(
