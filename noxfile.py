@@ -29,10 +29,10 @@ nox -s lint                    ruff
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import nox
-import tomllib
 
 REPO = Path(__file__).resolve().parent
 

@@ -7,22 +7,22 @@ run names. Standard library only: the install-set installer on a bare host uses 
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 __all__ = ["utc_compact", "utc_now", "utc_text"]
 
 
 def utc_now() -> datetime:
     """Now, in UTC, to the second."""
-    return datetime.now(timezone.utc).replace(microsecond=0)
+    return datetime.now(UTC).replace(microsecond=0)
 
 
 def _instant(when: datetime | float | None) -> datetime:
     if when is None:
         return utc_now()
     if isinstance(when, datetime):
-        return when.astimezone(timezone.utc)
-    return datetime.fromtimestamp(int(when), tz=timezone.utc)
+        return when.astimezone(UTC)
+    return datetime.fromtimestamp(int(when), tz=UTC)
 
 
 def utc_text(when: datetime | float | None = None) -> str:

@@ -26,11 +26,10 @@ import difflib
 import hashlib
 import json
 import re
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 from repro.atomicio import sha256_file
 from repro.errors import ReproError

@@ -17,13 +17,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import tomllib
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-import tomllib
 from packaging import tags
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
