@@ -31,7 +31,7 @@ from repro.errors import PatchError
 from repro.installset import InstallSetError
 from repro.installset import lock as lockmod
 from repro.installset.host import Target
-from repro.installset.resolve import Locked, LockedWheel, choose_wheel
+from repro.installset.resolve import Locked, LockedWheel, choose_wheel, write_stub_wheel
 
 REPO = Path(__file__).resolve().parent.parent
 SHA = "0123456789abcdef0123456789abcdef01234567"
@@ -46,20 +46,14 @@ FREEZE = REPO / "containers" / "hosts" / "h200-pip-freeze.txt"
 
 def _stand_in_wheel(folder: Path, version: str, files: dict[str, str] | None = None) -> Path:
     """A wheel named and versioned as a commit's vllm wheel; metadata and ``files`` only."""
-    info = f"vllm-{version}.dist-info"
-    members = {
-        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n"
-        "Requires-Dist: packaging\n",
-        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\n"
-        "Tag: cp38-abi3-manylinux_2_31_x86_64\n",
-        **(files or {}),
-    }
-    members[f"{info}/RECORD"] = "".join(f"{m},,\n" for m in [*members, f"{info}/RECORD"])
-    path = folder / f"vllm-{version}-cp38-abi3-manylinux_2_31_x86_64.whl"
-    with zipfile.ZipFile(path, "w") as zf:
-        for name, text in members.items():
-            zf.writestr(name, text)
-    return path
+    return write_stub_wheel(
+        folder,
+        "vllm",
+        version,
+        tag="cp38-abi3-manylinux_2_31_x86_64",
+        requires=("packaging",),
+        files=files,
+    )
 
 
 @pytest.fixture(scope="module")

@@ -92,17 +92,28 @@ def stub_version(version: str | None) -> str | None:
     return f"{version}{'.' if '+' in version else '+'}{STUB_LABEL}"
 
 
-def write_stub_wheel(directory: Path, name: str, version: str) -> Path:
-    """An empty, valid wheel standing for a package the host has (no files, no deps)."""
+def write_stub_wheel(
+    directory: Path,
+    name: str,
+    version: str,
+    *,
+    tag: str = "py3-none-any",
+    requires: tuple[str, ...] = (),
+    files: dict[str, str] | None = None,
+) -> Path:
+    """A valid wheel of metadata (and ``files``) only; by default one standing for a package
+    the host has: no files, no dependencies, any platform."""
     dist = canonicalize_name(name).replace("-", "_")
     info = f"{dist}-{version}.dist-info"
     files = {
-        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+        + "".join(f"Requires-Dist: {r}\n" for r in requires),
         f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: repro.installset\n"
-        "Root-Is-Purelib: true\nTag: py3-none-any\n",
+        f"Root-Is-Purelib: {str(tag.endswith('-none-any')).lower()}\nTag: {tag}\n",
+        **(files or {}),
     }
     files[f"{info}/RECORD"] = "".join(f"{p},,\n" for p in [*files, f"{info}/RECORD"])
-    path = directory / f"{dist}-{version}-py3-none-any.whl"
+    path = directory / f"{dist}-{version}-{tag}.whl"
     with zipfile.ZipFile(path, "w") as zf:
         for member, text in files.items():
             zf.writestr(member, text)
