@@ -107,10 +107,12 @@ def repro_nemotron(session: nox.Session) -> None:
     _gpu_profile(session, "nemotron-super")
 
 
-# Two pytest-xdist workers, each taking whole files (so a file's module-scoped engine runs are
-# made once): while one worker's engine runs use the CPU, the other's Docker builds, Slurm
-# jobs and process start-ups wait on the disk and on daemons.
-PARALLEL = ["-n", "2", "--dist", "loadfile"]
+# Three pytest-xdist workers on two cores, each taking whole files (so a file's module-scoped
+# engine runs are made once): much of the suite waits rather than computes (the container
+# tests' debootstrap, downloads and image build, Slurm's time-limit sweep, process starts),
+# and a third worker fills those waits. From scratch on the 2-core machine: 950 s with two
+# workers, 848 s with three (docs/measured.md, §The test suite).
+PARALLEL = ["-n", "3", "--dist", "loadfile"]
 
 
 @nox.session
@@ -119,7 +121,7 @@ def tests(session: nox.Session) -> None:
 
     Unit tests need only the kit; the integration tests drive the real vLLM CPU engine, so
     pytest runs with that environment's python (which holds vLLM, torch and the kit).
-    `nox -s tests -- ARGS` passes ARGS to pytest instead (add `-n 2 --dist loadfile` to
+    `nox -s tests -- ARGS` passes ARGS to pytest instead (add `-n 3 --dist loadfile` to
     keep the parallel workers).
     """
     session.install("-e", ".")

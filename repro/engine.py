@@ -398,9 +398,9 @@ class Engine:
 def freeze_long_lived_objects() -> None:
     """Collect, then keep every survivor out of the collector's later passes.
 
-    After vLLM's import, and after an engine's shutdown, the heap holds millions of objects
+    After vLLM's import, and after an engine's shutdown, the heap holds some 600,000 objects
     that live as long as the process (modules, torch's and vLLM's registries). Each full
-    collection walks them all, about half a second here, and an engine boot runs several.
+    collection walks them all, about a third of a second here, and a boot runs several.
     Frozen, they are skipped. vLLM's engine shutdown unfreezes before it collects (so that a
     dead engine's memory is found), hence a freeze again after each engine; vLLM's server and
     engine core freeze their heaps the same way after start-up (`freeze_gc_heap`).
