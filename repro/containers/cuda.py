@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import http.server
-import json
 import os
 import shutil
 import subprocess
@@ -37,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from repro.atomicio import sha256_file, write_json_atomic
+from repro.atomicio import sha256_file
 from repro.clock import utc_text
 from repro.containers import build as build_mod
 from repro.containers import pins as pins_mod
@@ -160,7 +159,6 @@ class CudaBase:
 
 def choose_base(client, *, variant: str, base: str, pins: dict[str, Any], log=print) -> CudaBase:
     """``base``: "auto", "registry", "local", or an image tag/id used as given (local kind)."""
-    import docker
 
     from repro.containers import base as base_mod
 
@@ -191,12 +189,8 @@ def choose_base(client, *, variant: str, base: str, pins: dict[str, Any], log=pr
         made = base_mod.ensure_base_image(client, tag=tag, recipe=recipe, log=log)
         image = client.images.get(made.id)
         return CudaBase("local", tag, image.id, _python_of(client, image.id), None, "local")
-    try:
-        image = client.images.get(base)
-    except docker.errors.ImageNotFound as exc:
-        raise CudaBuildError(
-            f"base image {base!r} is not here; leave --base out (the kit picks or makes one)"
-        ) from exc
+    next_step = "leave --base out (the kit picks or makes one)"
+    image = build_mod.local_base(client, base, next_step=next_step, error=CudaBuildError)
     return CudaBase("local", base, image.id, _python_of(client, image.id), None, "given")
 
 
@@ -393,7 +387,6 @@ def labels_for(
     base: CudaBase,
     patches: list[dict[str, str]],
     kit: dict[str, Any],
-    created: str,
 ) -> dict[str, str]:
     by_name = {p["name"].lower(): p for p in lock["packages"]}
     torch = by_name.get("torch", {}).get("version", "unpinned")
@@ -405,7 +398,6 @@ def labels_for(
         base_id=base.id,
         torch_version=torch,
         kit=kit,
-        created=created,
     )
     labels.update(
         {
@@ -479,7 +471,6 @@ def build_cuda_image(
         )
     kit = envinfo.collect_kit(build_mod.REPO)
     epoch = build_mod.commit_epoch(kit.get("git_commit"))
-    created = utc_text(epoch)
     patch_records = [{"path": p.name, "sha256": sha256_file(p)} for p in patches]
     labels = labels_for(
         source=source,
@@ -488,14 +479,12 @@ def build_cuda_image(
         base=chosen,
         patches=patch_records,
         kit=kit,
-        created=created,
     )
     torch_cuda = _torch_cuda(lock)
     if torch_cuda:
         labels["io.repro-kit.torch.cuda"] = torch_cuda
     build_args = {"BASE_IMAGE": chosen.id, "PYTHON_VERSION": lock["python"]["version"]}
-    safe = tag.replace("/", "_").replace(":", "_")
-    log_path = out_dir / f"{safe}.build.log"
+    log_path = out_dir / f"{build_mod.file_stem(tag)}.build.log"
     with tempfile.TemporaryDirectory(prefix="repro-cuda-build-") as tmp:
         context = Path(tmp)
         pip_dir = context / "pip"
@@ -507,12 +496,10 @@ def build_cuda_image(
             shutil.copyfile(patch, pip_dir / "patches" / f"{number:02d}-{patch.name}")
         kit_wheel = build_kit_wheel(pip_dir / "kit", source_date_epoch=epoch)
         kit_wheel_record = {"filename": kit_wheel.name, "sha256": sha256_file(kit_wheel)}
-        label_line = "LABEL " + " ".join(
-            f"{json.dumps(k)}={json.dumps(v)}" for k, v in sorted(labels.items())
-        )
         dockerfile = DOCKERFILE.read_text()
         if LABEL_MARKER not in dockerfile:
             raise CudaBuildError(f"{DOCKERFILE} lost its line {LABEL_MARKER!r}")
+        label_line = build_mod.label_step(labels)
         (context / "Dockerfile").write_text(dockerfile.replace(LABEL_MARKER, label_line))
         with _wheel_source(lock, wheelhouse, pip_dir, source) as pip_record:
             started_at = utc_text()
@@ -545,51 +532,45 @@ def build_cuda_image(
         raise
     # Under vfs the check's container copies the whole image: most of a cached build's time.
     check_seconds = time.monotonic() - check_started
-    record = {
-        "schema": "repro-kit/image-record",
-        "schema_version": 1,
-        "image": build_mod.image_section(image),
-        "variant": "cuda",
-        "labels": dict(image.labels or {}),
-        "build_args": build_args,
-        "base": {
+    return build_mod.write_image_record(
+        image,
+        variant="cuda",
+        build_args=build_args,
+        base={
             "name": chosen.name,
             "id": chosen.id,
             "kind": chosen.kind,
             "registry_digest": chosen.digest,
             "why": chosen.why,
         },
-        "builder": build_mod.BUILDER,
-        "dockerfile": {"path": "containers/cuda.Dockerfile", "sha256": sha256_file(DOCKERFILE)},
-        "pip": pip_record,
-        "vllm": source.as_record(),
-        "lock": {
-            "path": _repo_relative(lock_path),
-            "sha256": lock_sha,
-            "python": lock["python"]["version"],
-            "wheels": [
-                {"filename": p["filename"], "sha256": p["sha256"], "origin": p["origin"]}
-                for p in lock["packages"]
-            ],
-            "kit_wheel": kit_wheel_record,
-        },
-        "patches": patch_records,
-        "check": check,
-        "kit": kit,
-        "build": {
+        pip=pip_record,
+        kit=kit,
+        build={
             "started_at": started_at,
             "duration_s": round(seconds, 3),
             "check_s": round(check_seconds, 3),
             "steps": steps,
             "cached_steps": cached,
             "disk_needed_bytes": need,
-            "log": {"path": log_path.name, "sha256": sha256_file(log_path)},
         },
-    }
-    build_mod.validate_image_record(record)
-    record_path = out_dir / f"{safe}.json"
-    write_json_atomic(record_path, record)
-    return build_mod.BuiltImage(tag, image.id, record_path, record)
+        log_path=log_path,
+        tag=tag,
+        sections={
+            "vllm": source.as_record(),
+            "lock": {
+                "path": _repo_relative(lock_path),
+                "sha256": lock_sha,
+                "python": lock["python"]["version"],
+                "wheels": [
+                    {"filename": p["filename"], "sha256": p["sha256"], "origin": p["origin"]}
+                    for p in lock["packages"]
+                ],
+                "kit_wheel": kit_wheel_record,
+            },
+            "patches": patch_records,
+            "check": check,
+        },
+    )
 
 
 @contextmanager
