@@ -214,7 +214,7 @@ def cuda_lock_path(
     if lock:
         return lock
     python = python or LOCK_PYTHON
-    return default_lock_path(ref, variant or DEFAULT_VARIANT, "cp" + python.replace(".", ""))
+    return default_lock_path(ref, variant or DEFAULT_VARIANT, python)
 
 
 def cmd_cuda_lock(args: argparse.Namespace) -> int:

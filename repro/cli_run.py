@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -112,6 +113,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, help="output directory (default: artifacts/<run id>)")
     parser.add_argument(
+        "--run-id",
+        type=_run_id,
+        help="the run's id in its records, container labels and default folder (default: new)",
+    )
+    parser.add_argument(
         "--arms", nargs="+", choices=["cold-race", "multi-turn"], help="arms to run"
     )
     parser.add_argument(
@@ -148,12 +154,27 @@ def _add_container_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+# A run id names a folder and a container label.
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+def _run_id(text: str) -> str:
+    if not _RUN_ID.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a run id: expected 1-100 letters, digits, '.', '_' or '-', the "
+            "first a letter or digit (e.g. 20261203T092218Z-961e06); leave --run-id out for a "
+            "new one"
+        )
+    return text
+
+
 @dataclass(frozen=True)
 class RunSettings:
     """One run's settings as `tiny` and `run` give them, read once from their flags (a flag
     the command lacks keeps its default here)."""
 
     profile: str
+    run_id: str = ""  # one id for the folder, the records and the container: from_args sets it
     out: Path | None = None
     arms: list[str] | None = None
     inject_fault: bool = False
@@ -173,8 +194,16 @@ class RunSettings:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> RunSettings:
-        given = vars(args)
+        from repro import runner
+
+        given = vars(args) | {"run_id": getattr(args, "run_id", None) or runner.new_run_id()}
         return cls(**{f.name: given[f.name] for f in fields(cls) if f.name in given})
+
+    @property
+    def out_dir(self) -> Path:
+        from repro import runner
+
+        return self.out or runner.default_out_dir(self.run_id)
 
     def arms_of(self, profile) -> list[str]:
         return self.arms or list(profile.arms)
@@ -193,7 +222,7 @@ class RunSettings:
 
     def run_flags(self) -> list[str]:
         """These settings as `run`'s flags, for the engine environment's `run`."""
-        out = []
+        out = ["--run-id", self.run_id]
         if self.out:
             out += ["--out", str(self.out.resolve())]
         if self.arms:
@@ -236,7 +265,7 @@ def cmd_tiny(args: argparse.Namespace) -> int:
 
 def _run_in_container(settings: RunSettings) -> int:
     """The host side of a container run: pick (or build) the image, find the model, run."""
-    from repro import engine_env, envinfo, plan, preflight, runner
+    from repro import engine_env, envinfo, plan, preflight
     from repro.containers import docker_client, images
     from repro.containers import run as container_run
     from repro.profiles import get_profile
@@ -245,7 +274,7 @@ def _run_in_container(settings: RunSettings) -> int:
     if settings.device:
         profile = profile.for_device(settings.device)
     preflight.check_hardware(profile, envinfo.collect_hardware())
-    out_dir = (settings.out or runner.default_out_dir(runner.new_run_id())).resolve()
+    out_dir = settings.out_dir.resolve()
     run_args = ["--inject-fault"] if settings.inject_fault else []
     if settings.verbose:
         run_args.append("--verbose")
@@ -255,6 +284,7 @@ def _run_in_container(settings: RunSettings) -> int:
         profile=profile,
         arms=settings.arms_of(profile),
         out_dir=out_dir,
+        run_id=settings.run_id,
         overrides=parse_overrides(settings.override),
         fault_kind=settings.fault_kind,
         command=["python", "-m", "repro", *sys.argv[1:]],
@@ -397,8 +427,9 @@ def _run_profile(settings: RunSettings, profile, *, model_path: str | None) -> i
             f"profile {profile.name!r} needs --model-path: the local snapshot directory of "
             f"{profile.model} (offline runs never resolve repo ids)"
         )
-    out_dir = settings.out or runner.default_out_dir(runner.new_run_id())
+    out_dir = settings.out_dir
     documents = runner.run_profile(
+        run_id=settings.run_id,
         profile=profile,
         model_path=model_path,
         out_dir=out_dir,

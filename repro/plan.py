@@ -155,7 +155,7 @@ def image_pins(
     if ref.kind == "commit":
         index = cuda.commit_index_url(ref.value, cuda_variant)
         pinned["vllm wheels"] = index
-    lock_path = cuda.default_lock_path(ref.value, cuda_variant, "cp" + python.replace(".", ""))
+    lock_path = cuda.default_lock_path(ref.value, cuda_variant, python)
     doc: dict[str, Any] = {"vllm_ref": ref.value, "cuda_variant": cuda_variant}
     if lock_path.is_file():
         lock = lockmod.read_lock(lock_path)

@@ -60,6 +60,7 @@ def default_out_dir(run_id: str) -> Path:
 
 def run_profile(
     *,
+    run_id: str | None = None,
     profile: Profile,
     model_path: str,
     out_dir: Path,
@@ -73,7 +74,7 @@ def run_profile(
     """Run the arms in one engine process; return the written documents by arm."""
     check_writable(out_dir)
     (out_dir / "logs").mkdir(exist_ok=True)
-    run_id = new_run_id()
+    run_id = run_id or new_run_id()
     if os.environ.get("REPRO_IN_CONTAINER") == "1":
         write_text_atomic(out_dir / FACTS_FILE, Environment.here().to_json())
     contexts = {

@@ -509,11 +509,14 @@ def tiny_model(run_kit) -> Path:
     return Path(proc.stdout.strip().splitlines()[-1])
 
 
+CLEAN_RUN_ID = "container-clean-1"
+
+
 @pytest.fixture(scope="session")
 def clean_run(docker_client, cpu_image, tiny_model, run_kit_popen, tmp_path_factory):
     out = tmp_path_factory.mktemp("container-clean")
     code, stdout, settings = _run_in_image(
-        run_kit_popen, docker_client, out, "--image", cpu_image.id
+        run_kit_popen, docker_client, out, "--image", cpu_image.id, "--run-id", CLEAN_RUN_ID
     )
     assert code == 0, stdout[-6000:]
     return out, {arm: _load(out, arm) for arm in ARMS}, settings, stdout
@@ -542,6 +545,18 @@ def test_container_is_isolated_as_the_issue_asks(clean_run, tiny_model):
     assert mounts["/model"]["RW"] is False and mounts["/model"]["Source"] == str(tiny_model)
     assert mounts["/out"]["RW"] is True
     assert "HF_HUB_OFFLINE=1" in settings["Config"]["Env"]
+
+
+@pytest.mark.docker
+@pytest.mark.engine
+def test_one_run_id_labels_the_container_and_names_the_records(clean_run):
+    from repro.containers.run import RUN_LABEL
+
+    _, docs, settings, _ = clean_run
+    assert settings["Config"]["Labels"][RUN_LABEL] == CLEAN_RUN_ID
+    assert {arm: doc["run"]["id"] for arm, doc in docs.items()} == {
+        arm: f"{CLEAN_RUN_ID}-{arm}" for arm in ARMS
+    }
 
 
 @pytest.mark.docker
@@ -648,10 +663,12 @@ def test_missing_image_is_named_and_recorded(docker_client, run_kit, tmp_path):
 
 def test_unreachable_daemon_is_named_and_recorded(run_kit, tmp_path, monkeypatch):
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")
-    proc = run_kit("tiny", "--container", "--out", str(tmp_path), "--arms", "cold-race")
+    proc = run_kit("tiny", "--container", "--out", str(tmp_path), "--arms", "cold-race",
+                   "--run-id", "no-daemon-1")  # fmt: skip
     assert proc.returncode == 2
     assert "no Docker daemon answers" in proc.stderr and "start-dockerd.sh" in proc.stderr
     doc = _load(tmp_path, "cold-race")
+    assert doc["run"]["id"] == "no-daemon-1-cold-race"  # the run's given id, not another
     assert doc["verdict"]["status"] == "error" and doc["error"]["type"] == "DockerUnavailable"
     assert (doc["run"]["location"]["kind"], doc["run"]["location"]["image"]) == ("container", None)
 

@@ -20,10 +20,13 @@ from repro.atomicio import sha256_file
 pytestmark = pytest.mark.engine
 
 
+CLEAN_RUN_ID = "tiny-clean-1"
+
+
 @pytest.fixture(scope="module")
 def clean_run(run_kit, tmp_path_factory):
     out = tmp_path_factory.mktemp("clean")
-    return out, run_tiny(run_kit, out)
+    return out, run_tiny(run_kit, out, "--run-id", CLEAN_RUN_ID)
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +55,13 @@ def test_default_run_is_clean_and_engaged(clean_run, arm):
     # The recorded figures alone give the recorded verdict.
     regraded = evidence.regrade(doc)
     assert (regraded.status, regraded.gate) == (doc["verdict"]["status"], doc["verdict"]["gate"])
+
+
+def test_the_given_run_id_names_both_records(clean_run):
+    _, docs = clean_run
+    assert {arm: doc["run"]["id"] for arm, doc in docs.items()} == {
+        arm: f"{CLEAN_RUN_ID}-{arm}" for arm in ARMS
+    }
 
 
 @pytest.mark.parametrize("arm", ARMS)

@@ -57,3 +57,27 @@ def test_a_nested_environment_from_another_kit_version_is_refused_by_name():
     data["environment"]["gpu_count"] = 1
     with pytest.raises(ReproError, match=r"Environment JSON .* unknown \['gpu_count'\]"):
         RunContext.from_json(json.dumps(data))
+
+
+def _settings(*argv: str):
+    from repro import cli
+    from repro.cli_run import RunSettings
+
+    return RunSettings.from_args(cli.build_parser().parse_args(list(argv)))
+
+
+def test_one_run_id_names_the_default_folder_and_goes_to_the_engine_process():
+    settings = _settings("tiny")
+    assert settings.run_id and settings.out_dir.name == settings.run_id
+    assert settings.run_flags()[:2] == ["--run-id", settings.run_id]
+    given = _settings("run", "--profile", "tiny", "--run-id", "cell-3.a_b", "--out", "x")
+    assert (given.run_id, given.out_dir.name) == ("cell-3.a_b", "x")
+    assert _settings("tiny").run_id != settings.run_id
+
+
+@pytest.mark.parametrize("bad", ["../up", "", "-x", "a/b", "x" * 101])
+def test_a_run_id_that_cannot_name_a_folder_is_refused(bad, capsys):
+    with pytest.raises(SystemExit) as exc:
+        _settings("tiny", f"--run-id={bad}")
+    assert exc.value.code == 2
+    assert "is not a run id" in capsys.readouterr().err

@@ -42,6 +42,7 @@ from repro.containers import build as build_mod
 from repro.containers import pins as pins_mod
 from repro.containers.refs import VllmRef, parse_vllm_ref
 from repro.errors import ReproError
+from repro.installset.host import DEFAULT_PLATFORM, Target
 
 DOCKERFILE = build_mod.REPO / "containers" / "cuda.Dockerfile"
 DEFAULT_VARIANT = "cu130"
@@ -638,8 +639,11 @@ def _repo_relative(path: Path) -> str:
 # --- the lock, as the image reads it -----------------------------------------------------------
 
 
-def default_lock_path(vllm_ref: str, cuda_variant: str, python_tag: str) -> Path:
-    return LOCKS_DIR / f"vllm-{vllm_ref}-{cuda_variant}-{python_tag}.lock.json"
+def default_lock_path(vllm_ref: str, cuda_variant: str, python: str) -> Path:
+    """containers/locks/ file of the lock for ``vllm_ref`` with ``cuda_variant`` on Python
+    ``python`` (``3.12``: the file says cp312)."""
+    tag = Target(python, (DEFAULT_PLATFORM,)).python_tag
+    return LOCKS_DIR / f"vllm-{vllm_ref}-{cuda_variant}-{tag}.lock.json"
 
 
 def requirements_text(lock: dict[str, Any]) -> str:

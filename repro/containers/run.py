@@ -297,6 +297,7 @@ class RunRequest:
     profile: Profile
     arms: list[str]
     out_dir: Path
+    run_id: str  # the folder's, the records' and the container label's
     overrides: dict[str, Any]
     fault_kind: str | None
     command: list[str]  # the host's command line, as the records quote it
@@ -337,7 +338,7 @@ def run_profile_in_container(
     request = replace(request, out_dir=Path(request.out_dir).resolve())
     profile, arms, out_dir = request.profile, request.arms, request.out_dir
     host_log = open_run_log(out_dir)
-    run_id = runner.new_run_id()
+    run_id = request.run_id
     model_path = f"{CONTAINER_MODEL}/{model_subpath}" if model_subpath else CONTAINER_MODEL
     # Records from an earlier run in the same folder must not pass for this run's.
     for arm in arms:
@@ -345,6 +346,7 @@ def run_profile_in_container(
     (out_dir / FACTS_FILE).unlink(missing_ok=True)
     inner = [
         "run", "--profile", profile.name, "--model-path", model_path, "--out", CONTAINER_OUT,
+        "--run-id", run_id,
         "--arms", *arms, "--arm-timeout", str(request.arm_timeout_s), *request.run_args,
     ]  # fmt: skip
     if profile.device != get_profile_device(profile):
@@ -497,7 +499,7 @@ def no_container_records(request: RunRequest, *, error: ReproError) -> dict[str,
     return _error_records(
         request,
         {arm: f"no container ran: {error}" for arm in request.arms},
-        run_id=runner.new_run_id(),
+        run_id=request.run_id,
         model_path=CONTAINER_MODEL,  # where the model would have been mounted
         logs=lambda _arm: [CONTAINER_LOG],
         # This host's facts, in the container that never started.
