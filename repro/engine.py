@@ -30,7 +30,8 @@ COUNTER_NAMES = {
     "spec_decode_num_accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
 }
 
-# Metric aggregation lags generate(): read until this many consecutive snapshots agree.
+# With the engine core in another process its statistics arrive asynchronously and lag
+# generate(): read until this many consecutive snapshots agree.
 SETTLE_READS = 3
 SETTLE_INTERVAL_S = 0.05
 SETTLE_TIMEOUT_S = 10.0
@@ -351,7 +352,12 @@ class Engine:
         return [_completion(out) for out in outputs]
 
     def counters(self) -> Counters:
-        """Counter totals, read until SETTLE_READS consecutive snapshots agree."""
+        """Counter totals. In process, one read, as upstream's: the engine records its
+        statistics inside step(), in this thread, so nothing moves them between reads. With
+        the engine core in another process: read until SETTLE_READS consecutive snapshots
+        agree."""
+        if self.in_process:
+            return self._read_counters()
         deadline = time.monotonic() + SETTLE_TIMEOUT_S
         last, same = None, 0
         while True:

@@ -77,8 +77,9 @@ def test_logs_are_kept_and_hashed(clean_run, arm):
 BOOT_LINE = "init engine (profile, create kv cache, warmup model) took"
 
 DERIVE_AND_CONTRADICT = """
-import json, sys
+import json, sys, time
 from repro.arms.common import PhaseTimer, derive_block_size, start_engine
+from repro.engine import Sampling
 from repro.errors import GeometryUnsupported
 from repro.profiles import get_profile
 
@@ -92,7 +93,14 @@ with wrong as e:
         refused = None
     except GeometryUnsupported as exc:
         refused = [exc.gate, str(exc)]
-print("RESULT " + json.dumps({"derived": b, "refused": refused}))
+    # In process the engine records its statistics inside step(): one read after generate()
+    # is final, and the same figures half a second later show it (engine.counters reads once).
+    e.generate(["one two three four five six"] * 2, Sampling(max_tokens=4))
+    once = e.counters()
+    time.sleep(0.5)
+    later = e._read_counters()
+    settled = [e.in_process, once.prefix_cache_queries > 0, once == later]
+print("RESULT " + json.dumps({"derived": b, "refused": refused, "settled": settled}))
 """
 
 
@@ -102,32 +110,45 @@ def test_a_run_of_both_arms_boots_four_engines(clean_run):
     assert boots == {"cold-race": 2, "multi-turn": 2}
 
 
-def test_b_derived_before_boot_is_the_booted_engines_and_a_mismatch_is_refused(
-    clean_run, engine_python
-):
+@pytest.fixture(scope="module")
+def second_engine(clean_run, engine_python) -> dict:
+    """DERIVE_AND_CONTRADICT's result: one more engine, booted told the wrong B."""
     import os
     import subprocess
 
     _, docs = clean_run
-    cold = docs["cold-race"]
-    assert cold["run"]["phases_s"]["derive"] > 0
     repo = Path(__file__).resolve().parent.parent
     proc = subprocess.run(
-        [engine_python, "-c", DERIVE_AND_CONTRADICT, cold["profile"]["model_path"]],
+        [engine_python, "-c", DERIVE_AND_CONTRADICT, docs["cold-race"]["profile"]["model_path"]],
         env={**os.environ, "PYTHONPATH": str(repo)},
         capture_output=True,
         text=True,
         timeout=1800,
     )
-    (line,) = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-    result = json.loads(line.removeprefix("RESULT "))
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    assert len(lines) == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(lines[0].removeprefix("RESULT "))
+
+
+def test_b_derived_before_boot_is_the_booted_engines_and_a_mismatch_is_refused(
+    clean_run, second_engine
+):
+    _, docs = clean_run
+    cold = docs["cold-race"]
+    assert cold["run"]["phases_s"]["derive"] > 0
     b = cold["geometry"]["mamba_block_size"]
-    assert result["derived"] == b
+    assert second_engine["derived"] == b
     assert cold["geometry"]["max_num_batched_tokens"] == round(1.25 * b)
-    gate, message = result["refused"]
+    gate, message = second_engine["refused"]
     assert gate == "geometry"
     assert f"the booted engine's Mamba block size is {b}" in message
     assert f"configuration gave {b + 16} before boot" in message
+
+
+def test_one_counter_read_in_process_is_final(second_engine):
+    in_process, queried, same_later = second_engine["settled"]
+    assert in_process and queried
+    assert same_later, "the counters moved after generate() returned, in process"
 
 
 @pytest.mark.parametrize("arm", ARMS)
