@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from repro import redaction
 from repro.atomicio import write_json_atomic
 from repro.errors import ValidationUnavailable
-from repro.gpu_host import CPU_HOST_ENV, GPU_HOST_ENV
+from repro.gpu_host import GPU_HOST_ENV, SHARED_CORES_ENV
 
 if TYPE_CHECKING:
     from jsonschema import Draft202012Validator
@@ -262,7 +262,7 @@ _ENV_PREFIXES = ("VLLM_", "REPRO_")
 _ENV_NAMES = frozenset(
     {"HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"}
     | set(GPU_HOST_ENV)
-    | set(CPU_HOST_ENV)
+    | set(SHARED_CORES_ENV)
 )
 _ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
 # The kit's own plumbing between processes, recorded in their own sections (run, location).

@@ -22,11 +22,13 @@ GPU_HOST_ENV: dict[str, str] = {
 }
 
 
-# On the CPU: OpenMP threads that wait passively at barriers. Two CPU engines on the same cores
-# (the test suite's two workers, a matrix's cells) otherwise spin at each other's barriers:
-# two cold-race arms of `tiny` at once took 113 s each with the default policy and 44 s with
-# this one; one alone took 38 s either way (docs/measured.md, §Two engines on two cores).
-CPU_HOST_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+# On the CPU the kit sets nothing: OpenMP's default wait policy spins at barriers, which an
+# engine alone needs (passive waiting made raw vLLM's tiny arms take 64 s instead of 45 s).
+# Where CPU engines share cores (the test suite's workers, a matrix's cells on one machine)
+# they spin at each other's barriers; OMP_WAIT_POLICY=PASSIVE, which the kit passes on where
+# the user sets it, is the cure there (docs/measured.md, §Engines on two cores).
+CPU_HOST_ENV: dict[str, str] = {}
+SHARED_CORES_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
 def gpu_host_env(user_env: Mapping[str, str]) -> dict[str, str]:
@@ -38,7 +40,7 @@ def gpu_host_env(user_env: Mapping[str, str]) -> dict[str, str]:
 # engine core runs (figures are then read from the workers: repro.engine). Every other
 # profile variable is part of what is measured (VLLM_USE_FLASHINFER_SAMPLER=0, say) and is set
 # whatever the shell holds.
-USER_MAY_SET = frozenset({*GPU_HOST_ENV, *CPU_HOST_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING"})
+USER_MAY_SET = frozenset({*GPU_HOST_ENV, *SHARED_CORES_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING"})
 
 
 def apply_defaults(

@@ -19,6 +19,11 @@ REPO = Path(__file__).resolve().parent.parent
 settings.register_profile("repro", deadline=None)
 settings.load_profile("repro")
 
+# The suite's workers run CPU engines side by side on two cores: each engine's OpenMP threads
+# wait passively at barriers instead of spinning on the cores the others need (the kit passes
+# a value the user set on to its engine processes and containers; docs/measured.md).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 
 @pytest.fixture(scope="session")
 def engine_python() -> str:

@@ -65,6 +65,16 @@ def test_the_engine_process_gets_them_on_a_gpu_only():
     assert "NCCL_NVLS_ENABLE" not in cpu and runner.FAULT_ENV not in cpu
 
 
+def test_a_cpu_engine_waits_as_openmp_does_unless_the_user_says_passive():
+    alone = runner.engine_process_env({"PATH": "/usr/bin"}, device="cpu", fault_kind=None)
+    assert "OMP_WAIT_POLICY" not in alone  # spinning: an engine alone needs it
+    shared = runner.engine_process_env(
+        {"PATH": "/usr/bin", **gpu_host.SHARED_CORES_ENV}, device="cpu", fault_kind=None
+    )
+    assert shared["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert redact_env(dict(shared))["OMP_WAIT_POLICY"] == "PASSIVE"  # and recorded
+
+
 def test_the_artifact_records_them():
     assert redact_env({**GPU_HOST_ENV, "NCCL_SOMETHING_ELSE": "1"}) == dict(
         sorted(GPU_HOST_ENV.items())

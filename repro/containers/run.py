@@ -29,7 +29,7 @@ from typing import Any, TextIO
 from repro import redaction, runner
 from repro.containers.images import ImageFacts
 from repro.errors import ReproError
-from repro.gpu_host import gpu_host_env
+from repro.gpu_host import SHARED_CORES_ENV, gpu_host_env
 from repro.profiles import Profile
 from repro.runcontext import FACTS_FILE, IMAGE_ENV, Environment, RunContext
 
@@ -362,6 +362,8 @@ def run_profile_in_container(
     if profile.device == "cuda":
         # The host's own values of the NVLink switches, where set, else the kit's defaults.
         environment.update(gpu_host_env(os.environ))
+    # A host whose engines share its cores (the test suite) waits passively in here too.
+    environment.update({k: os.environ[k] for k in SHARED_CORES_ENV if k in os.environ})
     from repro.weights import PIN_ENV
 
     if os.environ.get(PIN_ENV):  # the host's check of the mounted weights (cli)
