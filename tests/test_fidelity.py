@@ -201,6 +201,15 @@ def teardown(p):
     return "shutdown + gc.collect() + gc.freeze()"
 
 
+def counter_reads(p):
+    # In process (the profiles' engine setting), the first thing counters() does is one read.
+    assert p.engine_env()["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    body = inspect.getsource(engine.Engine.counters).split('"""')[2]
+    first = next(line.strip() for line in body.splitlines() if line.strip())
+    assert first == "if self.in_process:" and "return self._read_counters()" in body
+    return "one read after generate()"
+
+
 def cold_race_manual_rule(p) -> tuple[str, str]:
     """(manual size rule, needle rule) as the cold-race arm builds its manual, with a
     word-count tokenizer, at the profile's block size."""
@@ -297,6 +306,7 @@ VALUES = {
     "multi_turn.control": multi_turn_control,
     "geometry": geometry_rule,
     "teardown": teardown,
+    "counters": counter_reads,
 }
 
 
