@@ -153,6 +153,9 @@ def summarize(kit_runs: list[dict], baselines: list[dict]) -> dict:
         "verdicts": [r["verdicts"] for r in kit_runs],
         "kit_s_each": [round(r["wall_s"], 2) for r in kit_runs],
         "kit_cpu_s_each": [round(r["cpu_s"], 2) for r in kit_runs],
+        # Per repeat, so that an outlier can be taken apart: the medians above mix repeats.
+        "phases_s_each": [{n: round(v, 2) for n, v in r["phases_s"].items()} for r in kit_runs],
+        "kit_overhead_s_each": [round(e["kit_overhead_s"], 2) for e in each],
     }
 
 
