@@ -105,10 +105,6 @@ def _retrain_command(family: str) -> str:
     return f"python -m repro train-tiny --family {family} --retrain"
 
 
-def is_trained_recipe(recipe: dict) -> bool:
-    return family_of(recipe) is not None
-
-
 def install(target: Path, folder: Path | None = None, family: str = FAMILY) -> Path:
     """Copy the verified checkpoint to `target` (the model cache), atomically."""
     folder = Path(folder) if folder is not None else CHECKPOINTS[family]

@@ -64,6 +64,15 @@ def test_schema_is_valid_draft_2020_12():
     assert schema["properties"]["schema_version"]["const"] == artifact.SCHEMA_VERSION
 
 
+def test_the_verdict_vocabulary_is_grading_s():
+    from repro import grading
+
+    verdict = artifact.load_schema("run-artifact", 1)["properties"]["verdict"]["properties"]
+    assert tuple(verdict["status"]["enum"]) == grading.STATUSES
+    assert tuple(verdict["gate"]["enum"]) == (None, *grading.GATES)
+    assert tuple(verdict["outcome"]["enum"]) == grading.OUTCOMES
+
+
 def test_schema_is_found_in_the_checkout_and_load_returns_copies():
     assert schema_path() == REPO / "schemas" / "run-artifact.v1.schema.json"
     first = load_schema()

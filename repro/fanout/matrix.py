@@ -39,7 +39,6 @@ from repro.profiles import parse_overrides
 
 MATRIX_JSON = "matrix.json"
 MATRIX_MD = "MATRIX.md"
-WORK_DIR = ".matrix"  # the cell specs and job scripts an executor hands to its workers
 SUPERSEDED = ".superseded"
 
 

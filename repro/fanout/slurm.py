@@ -34,6 +34,9 @@ from repro.fanout import cell
 from repro.fanout.conditions import BadCondition, Condition
 from repro.profiles import get_profile
 
+# In a matrix folder: the cell specs, job script and task logs the array hands its tasks.
+WORK_DIR = ".matrix"
+
 # Seconds added to a task's time limit beyond its arms' own timeouts (engine imports, env
 # checks, records).
 GRACE_S = 600
@@ -205,7 +208,7 @@ def script(work: Path, count: int, options: Options, *, kit_source: Path, python
 
 
 def write_array(p, options: Options, *, kit_source: Path, arm_timeout_s) -> tuple[Path, list]:
-    work = p.out_dir / ".matrix"
+    work = p.out_dir / WORK_DIR
     (work / "cells").mkdir(parents=True, exist_ok=True)
     (work / "logs").mkdir(parents=True, exist_ok=True)
     tasks = list(p.to_run)
@@ -227,7 +230,7 @@ def write_array(p, options: Options, *, kit_source: Path, arm_timeout_s) -> tupl
 
 def dry_run(items, out_dir: Path, *, options: Options, kit_source: Path) -> str:
     """The sbatch script and array the matrix would submit, and what each task runs."""
-    work = out_dir / ".matrix"
+    work = out_dir / WORK_DIR
     text = script(work, len(items), options, kit_source=kit_source, python=sys.executable)
     lines = [
         f"# sbatch {work}/job.sh  ({len(items)} array tasks; nothing submitted: --dry-run)",
@@ -406,7 +409,7 @@ def collect_task(item, cell_dir: Path, slurm_log: Path, final: dict[str, str], j
 def refuse_if_running(out_dir: Path) -> None:
     """A matrix directory whose earlier job array still runs is not touched: its tasks write
     into the cell directories a re-run would move aside."""
-    info = out_dir / ".matrix" / "slurm.json"
+    info = out_dir / WORK_DIR / "slurm.json"
     if not info.is_file() or shutil.which("squeue") is None:
         return
     job = json.loads(info.read_text())["job_id"]
