@@ -180,6 +180,25 @@ def test_the_0_32_0_lock_ships_its_own_torch():
     assert lock["host"] is None
 
 
+def test_a_set_from_a_lock_that_predates_its_resolution_facts_is_valid(tmp_path):
+    """The committed 0.26.0 lock (2026-12-01) records no uv_runs, host_packages_used or
+    excluded_closure: the set built from it says "not recorded" (null), as the schema allows,
+    instead of failing its manifest check (which the opt-in build found)."""
+    from repro.installset.build import Wheel, pack_set
+
+    lock = lockmod.read_lock(LOCK_026)
+    recorded = {key: lock["resolution"][key] for key in lockmod.RECORDED_SINCE_V1}
+    assert recorded == dict.fromkeys(lockmod.RECORDED_SINCE_V1)
+    path = write_stub_wheel(tmp_path, "tinypkg", "1.0")
+    wheel = Wheel("tinypkg", "1.0", path.name, path.stat().st_size, sha256_file(path), None, path)
+    root = {"requirement": "tinypkg==1.0", "name": "tinypkg", "version": "1.0"}
+    manifest, _ = pack_set(
+        [wheel], tmp_path / "set", Target.create("3.12"), root=root, resolution=lock["resolution"]
+    )
+    assert manifest["resolution"]["uv_runs"] is None
+    assert manifest["resolution"]["host_overrides"] == lock["resolution"]["host_overrides"]
+
+
 def test_a_malformed_lock_is_refused(tmp_path):
     bad = tmp_path / "bad.lock.json"
     bad.write_text(json.dumps({"format": lockmod.FORMAT, "format_version": 1, "packages": [{}]}))

@@ -24,6 +24,8 @@ from repro.installset.resolve import Locked, LockedWheel
 FORMAT = "repro-kit/wheel-lock"
 FORMAT_VERSION = 1
 ORIGINS = ("install-set", "host", "image-only")
+# Resolution facts a lock of format v1 gained after its first locks were made.
+RECORDED_SINCE_V1 = ("uv_runs", "host_packages_used", "excluded_closure")
 
 
 def make_lock(
@@ -143,6 +145,11 @@ def read_lock(path: Path) -> dict[str, Any]:
             raise InstallSetError(f"{path}: malformed package entry {pkg!r}")
     if not doc.get("packages"):
         raise InstallSetError(f"{path} locks no packages")
+    if doc.get("resolution") is not None:
+        # Locks made before 2026-12-02 (containers/locks/vllm-0.26.0-…) did not record these:
+        # None, "not recorded", rather than a figure the lock does not hold.
+        for key in RECORDED_SINCE_V1:
+            doc["resolution"].setdefault(key, None)
     return doc
 
 
