@@ -269,15 +269,20 @@ def test_a_patch_that_does_not_apply_fails_before_the_build(tmp_path):
 
 @pytest.fixture(scope="module")
 def small_image(docker_client):
-    """A small local image to tag and to create containers from (the kit's Debian base)."""
+    """A small local image to tag and to create containers from (the kit's Debian base). One
+    made here is removed afterwards, unless REPRO_KEEP_TEST_IMAGES=1 (as test_containers)."""
     from repro.containers.base import DEFAULT_TAG, UBUNTU_TAG, ensure_base_image
 
     for tag in (UBUNTU_TAG, DEFAULT_TAG):
         try:
-            return docker_client.images.get(tag)
+            found = docker_client.images.get(tag)
         except Exception:  # noqa: BLE001 - not here: try the next, or make one
             continue
-    return docker_client.images.get(ensure_base_image(docker_client).id)
+        yield found
+        return
+    yield docker_client.images.get(ensure_base_image(docker_client).id)
+    if os.environ.get("REPRO_KEEP_TEST_IMAGES") != "1":
+        docker_client.images.remove(DEFAULT_TAG, force=True)
 
 
 @pytest.mark.docker
