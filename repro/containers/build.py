@@ -417,7 +417,6 @@ def build_cpu_image(
     installs from that folder only (``no-index``) and the build has no network at all; without
     it pip uses what the host's pip uses (`host_pip_settings`), over the host's network.
     """
-
     from repro import envinfo
 
     tag = validate_tag(tag or default_cpu_tag(vllm_version))

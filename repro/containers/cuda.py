@@ -42,7 +42,7 @@ from repro.containers import build as build_mod
 from repro.containers import pins as pins_mod
 from repro.containers.refs import VllmRef, parse_vllm_ref
 from repro.errors import ReproError
-from repro.installset.host import DEFAULT_PLATFORM, Target
+from repro.installset.host import python_tag
 
 DOCKERFILE = build_mod.REPO / "containers" / "cuda.Dockerfile"
 DEFAULT_VARIANT = "cu130"
@@ -160,7 +160,6 @@ class CudaBase:
 
 def choose_base(client, *, variant: str, base: str, pins: dict[str, Any], log=print) -> CudaBase:
     """``base``: "auto", "registry", "local", or an image tag/id used as given (local kind)."""
-
     from repro.containers import base as base_mod
 
     if base in ("auto", "registry"):
@@ -642,8 +641,7 @@ def _repo_relative(path: Path) -> str:
 def default_lock_path(vllm_ref: str, cuda_variant: str, python: str) -> Path:
     """containers/locks/ file of the lock for ``vllm_ref`` with ``cuda_variant`` on Python
     ``python`` (``3.12``: the file says cp312)."""
-    tag = Target(python, (DEFAULT_PLATFORM,)).python_tag
-    return LOCKS_DIR / f"vllm-{vllm_ref}-{cuda_variant}-{tag}.lock.json"
+    return LOCKS_DIR / f"vllm-{vllm_ref}-{cuda_variant}-{python_tag(python)}.lock.json"
 
 
 def requirements_text(lock: dict[str, Any]) -> str:

@@ -137,6 +137,11 @@ def machine_of(platform: str) -> str | None:
     return (machine or None) if prefix == "linux" else None
 
 
+def python_tag(python: str) -> str:
+    """CPython's wheel tag for ``3.12`` or ``3.12.3``: ``cp312``."""
+    return "cp" + "".join(python.split(".")[:2])
+
+
 @dataclass(frozen=True)
 class Target:
     """The host's CPython version (``3.12`` or ``3.12.3``) and its platform tags."""
@@ -164,7 +169,7 @@ class Target:
 
     @property
     def python_tag(self) -> str:
-        return "cp" + self.python_minor.replace(".", "")
+        return python_tag(self.python)
 
     @property
     def machine(self) -> str:
