@@ -26,6 +26,7 @@ have run; tiling (``TEMPORAL_TILES``) only splits one copy across CTAs, so it is
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib
 import inspect
 from collections.abc import Callable, Iterator
@@ -184,8 +185,7 @@ class _Launch:
 
     @classmethod
     def read(cls, args: dict[str, Any]) -> _Launch:
-        """From a kernel's arguments by name: the names are the contract with upstream's
-        kernels (``install`` compares them), so both kernels pass ``locals()``."""
+        """From a kernel's bound arguments, by upstream's names (see ``_mirrors``)."""
         return cls(
             metas=_state_metas(args),
             bt_addrs=_as_list(args["block_table_ptrs_ptr"]),
@@ -221,32 +221,54 @@ class _Launch:
             )
 
 
-def postprocess_mamba_fused_kernel_cpu(
-    num_accepted_tokens_ptr,
-    mamba_state_idx_ptr,
-    num_scheduled_tokens_ptr,
-    num_computed_tokens_ptr,
-    num_draft_tokens_ptr,
-    block_table_ptrs_ptr,
-    block_table_stride_req,
-    state_base_addrs_ptr,
-    state_block_strides_ptr,
-    state_elem_sizes_ptr,
-    state_inner_sizes_ptr,
-    state_conv_widths_ptr,
-    state_group_indices_ptr,
-    state_dim_row_count_ptr,
-    state_dim_row_stride_ptr,
-    num_accepted_tokens_out_ptr,
-    idx_mapping_ptr,
-    num_reqs,
-    block_size,
+# Both kernels take the block tables and the per-state metadata, in this order, between their
+# own leading and trailing parameters; ``_Launch.read`` reads them.
+_STATE_TABLE = ("block_table_ptrs_ptr", "block_table_stride_req", *_STATE_COLUMNS)
+
+
+def _mirrors(*names: str, **defaults: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a CPU kernel an upstream kernel's signature: ``names`` in order (a string may hold
+    several, space-separated), then the defaulted trailing parameters in ``defaults``' order.
+
+    vLLM launches the kernels positionally and by keyword, and ``install`` compares these
+    names with the installed kernel's, so the signature is the contract; the body receives
+    the bound arguments by name."""
+    params = [
+        inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        for group in names
+        for name in group.split()
+    ]
+    params += [
+        inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=value)
+        for name, value in defaults.items()
+    ]
+    signature = inspect.Signature(params)
+
+    def wrap(body: Callable[[dict[str, Any]], None]) -> Callable[..., None]:
+        @functools.wraps(body)
+        def kernel(*args: Any, **kwargs: Any) -> None:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            body(bound.arguments)
+
+        kernel.__signature__ = signature  # type: ignore[attr-defined]
+        return kernel
+
+    return wrap
+
+
+@_mirrors(
+    "num_accepted_tokens_ptr mamba_state_idx_ptr num_scheduled_tokens_ptr",
+    "num_computed_tokens_ptr num_draft_tokens_ptr",
+    *_STATE_TABLE,
+    "num_accepted_tokens_out_ptr idx_mapping_ptr num_reqs block_size",
     COPY_BLOCK_SIZE=None,
     CONV_STATE_DIM_FIRST=False,
     HAS_IDX_MAPPING=False,
     PRECOMPUTED_NEW_COMPUTED=False,
     TEMPORAL_TILES=1,
-):
+)
+def postprocess_mamba_fused_kernel_cpu(args: dict[str, Any]) -> None:
     """Mirrors ``vllm.v1.worker.mamba_utils.postprocess_mamba_fused_kernel``.
 
     Per request: after ``num_accepted`` tokens were accepted, if the new computed length
@@ -254,24 +276,26 @@ def postprocess_mamba_fused_kernel_cpu(
     the boundary token from the running block column to the boundary's block column.
     ``COPY_BLOCK_SIZE``/``TEMPORAL_TILES`` are GPU tiling parameters (unused here).
     """
-    num_reqs = int(num_reqs)
+    num_reqs = int(args["num_reqs"])
     if num_reqs <= 0:
         return
-    launch = _Launch.read(locals())  # before any other local is bound
+    launch = _Launch.read(args)
+    block_size = args["block_size"]
+    precomputed = args["PRECOMPUTED_NEW_COMPUTED"]
     # Read every decision input before any write: the kernel's programs each read their
     # own slot before storing, and V2 passes a snapshot as input and the live buffer as
     # output, so reads never observe this launch's stores.
-    num_accepted_all = _as_list(num_accepted_tokens_ptr)
-    state_idx_all = _as_list(mamba_state_idx_ptr)
-    computed_all = _as_list(num_computed_tokens_ptr)
-    scheduled_all = None if PRECOMPUTED_NEW_COMPUTED else _as_list(num_scheduled_tokens_ptr)
-    draft_all = None if PRECOMPUTED_NEW_COMPUTED else _as_list(num_draft_tokens_ptr)
-    out = num_accepted_tokens_out_ptr.view(-1)  # a view: stores must reach the buffer
+    num_accepted_all = _as_list(args["num_accepted_tokens_ptr"])
+    state_idx_all = _as_list(args["mamba_state_idx_ptr"])
+    computed_all = _as_list(args["num_computed_tokens_ptr"])
+    scheduled_all = None if precomputed else _as_list(args["num_scheduled_tokens_ptr"])
+    draft_all = None if precomputed else _as_list(args["num_draft_tokens_ptr"])
+    out = args["num_accepted_tokens_out_ptr"].view(-1)  # a view: stores must reach the buffer
 
     for req_idx in launch.requests(num_reqs):
         num_accepted = num_accepted_all[req_idx]
         src_block_idx = state_idx_all[req_idx]
-        if PRECOMPUTED_NEW_COMPUTED:
+        if precomputed:
             new_num_computed = computed_all[req_idx]
             num_tokens_running_state = new_num_computed - num_accepted + 1
         else:
@@ -296,40 +320,29 @@ def postprocess_mamba_fused_kernel_cpu(
         launch.copy_states(req_idx, src_block_idx, dest_block_idx, accept_token_bias)
 
 
-def precopy_mamba_align_fused_kernel_cpu(
-    mamba_state_idx_ptr,
-    src_col_ptr,
-    token_bias_ptr,
-    block_table_ptrs_ptr,
-    block_table_stride_req,
-    state_base_addrs_ptr,
-    state_block_strides_ptr,
-    state_elem_sizes_ptr,
-    state_inner_sizes_ptr,
-    state_conv_widths_ptr,
-    state_group_indices_ptr,
-    state_dim_row_count_ptr,
-    state_dim_row_stride_ptr,
-    idx_mapping_ptr,
-    num_reqs,
+@_mirrors(
+    "mamba_state_idx_ptr src_col_ptr token_bias_ptr",
+    *_STATE_TABLE,
+    "idx_mapping_ptr num_reqs",
     COPY_BLOCK_SIZE=None,
     CONV_STATE_DIM_FIRST=False,
     HAS_IDX_MAPPING=True,
     TEMPORAL_TILES=1,
-):
+)
+def precopy_mamba_align_fused_kernel_cpu(args: dict[str, Any]) -> None:
     """Mirrors ``vllm.v1.worker.mamba_utils.precopy_mamba_align_fused_kernel``.
 
     Per request: copy the running state from block column ``src_col`` (shifted by the
     accepted-token bias) into the new column ``mamba_state_idx``, unless the request is fresh
     (``src_col < 0``) or stays in the same column.
     """
-    num_reqs = int(num_reqs)
+    num_reqs = int(args["num_reqs"])
     if num_reqs <= 0:
         return
-    launch = _Launch.read(locals())  # before any other local is bound
-    dst_cols = _as_list(mamba_state_idx_ptr)
-    src_cols = _as_list(src_col_ptr)
-    biases = _as_list(token_bias_ptr)
+    launch = _Launch.read(args)
+    dst_cols = _as_list(args["mamba_state_idx_ptr"])
+    src_cols = _as_list(args["src_col_ptr"])
+    biases = _as_list(args["token_bias_ptr"])
     for req_idx in launch.requests(num_reqs):
         src_col = src_cols[req_idx]
         dst_col = dst_cols[req_idx]
