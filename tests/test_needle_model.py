@@ -16,8 +16,9 @@ import shutil
 
 import pytest
 
-from repro import needle_data, needle_train, prompts, tiny_needle
+from repro import prompts
 from repro.errors import ReproError
+from repro.models import needle_data, needle_train, tiny_needle
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -106,7 +107,7 @@ def test_tokenizer_is_rebuilt_identically_from_the_recipe(tmp_path, family):
 def _load(silence_mamba: bool = False):
     from safetensors.torch import load
 
-    from repro.needle_model import NeedleNemotronH
+    from repro.models.needle_model import NeedleNemotronH
 
     config = json.loads((tiny_needle.CHECKPOINT / "config.json").read_text())
     model = NeedleNemotronH(needle_train.RECIPE, config["vocab_size"]).float().eval()
@@ -246,7 +247,7 @@ def _trainer_qwen3_next(folder):
 def test_qwen3_next_training_model_is_transformers_plus_vllms_mtp_layer(tmp_path):
     """The trainer's model, loaded with the committed weights, computes transformers' logits;
     its checkpoint names are the committed file's, `mtp.*` included."""
-    from repro import needle_qwen3_next
+    from repro.models import needle_qwen3_next
 
     reference, folder = _qwen3_next(tmp_path)
     model, state, tokenizer = _trainer_qwen3_next(folder)

@@ -61,7 +61,7 @@ def test_a_nested_environment_from_another_kit_version_is_refused_by_name():
 
 def _settings(*argv: str):
     from repro import cli
-    from repro.cli_run import RunSettings
+    from repro.cli.run import RunSettings
 
     return RunSettings.from_args(cli.build_parser().parse_args(list(argv)))
 

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from repro import evidence, tinymodel
+from repro import evidence
 from repro.artifact import validate_artifact
+from repro.models import tinymodel
 
 pytestmark = pytest.mark.engine
 

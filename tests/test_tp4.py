@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from repro import tinymodel
 from repro.artifact import validate_artifact
+from repro.models import tinymodel
+from repro.models.tiny_nemotron_h import RECIPE, TP_SPLIT_COUNTS, recipe_for_tp
 from repro.profiles import TINY_NEMOTRON_H, get_profile
-from repro.tiny_nemotron_h import RECIPE, TP_SPLIT_COUNTS, recipe_for_tp
 
 
 def test_the_tp4_recipe_divides_by_4_and_keeps_the_rest():

@@ -765,11 +765,11 @@ def tiny_model(tmp_path_factory) -> Path:
             "the kit is not installed in this environment, so vLLM cannot load its "
             "plugin: pip install -e . --no-deps"
         )
-    from repro.tinymodel import RECIPE, build_tiny_model
+    from repro.models.tinymodel import RECIPE, build_tiny_model
 
     # The kit's own recipe: slow decay (A_log -7) so a restored state survives the block of
     # prefill that follows it under MTP, and a pass-through MTP layer so drafts are accepted
-    # and the kernels' accepted-token offsets run (see repro/tinymodel.py).
+    # and the kernels' accepted-token offsets run (see repro/models/tinymodel.py).
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"), RECIPE)
 
 

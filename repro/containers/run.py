@@ -547,7 +547,7 @@ def build_tiny_model_in_image(
 ) -> Path:
     """Build the tiny model with the image's torch and transformers into ``cache_dir`` (mounted
     read-write) when this host has no engine environment; return its folder on the host."""
-    from repro import tinymodel
+    from repro.models import tinymodel
 
     cache_dir = Path(cache_dir).resolve()
     cache_dir.mkdir(parents=True, exist_ok=True)

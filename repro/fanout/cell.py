@@ -222,7 +222,7 @@ def weights_path(profile, *, in_image: bool) -> str:
 def _model_path(profile) -> str:
     if profile.tiny_model is None:
         return f"(the snapshot of {profile.model})"
-    from repro import tinymodel
+    from repro.models import tinymodel
 
     return str(tinymodel.tiny_model_dir(recipe=tinymodel.recipe_for(profile.tiny_model)))
 

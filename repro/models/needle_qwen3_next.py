@@ -59,7 +59,7 @@ class NeedleQwen3Next(nn.Module):
         super().__init__()
         from transformers import Qwen3NextModel
 
-        from repro.qwen3_next_layout import config_for
+        from repro.models.qwen3_next_layout import config_for
 
         self.recipe = recipe
         self.config = config_for(
@@ -126,7 +126,7 @@ class NeedleQwen3Next(nn.Module):
 
     def checkpoint_state(self, dtype) -> dict[str, torch.Tensor]:
         """The state dict under the names vLLM loads, in `dtype`, on the CPU."""
-        from repro.qwen3_next_layout import checkpoint_layout
+        from repro.models.qwen3_next_layout import checkpoint_layout
 
         state = {name: t.detach().to("cpu", dtype) for name, t in self.state_dict().items()}
         return checkpoint_layout(state, self.recipe)

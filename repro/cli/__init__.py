@@ -13,7 +13,7 @@ fetch-weights   download a profile's model at a pinned commit and write its sha2
 verify-weights  re-hash a fetched snapshot against its manifest (offline)
 plan        print what a GPU profile's run would do (settings, hardware, mounts, memory)
 bundle, verify, report, compare, export-image, import-image   evidence that travels
-            (see repro/cli_evidence.py)
+            (see repro/cli/evidence.py)
 matrix      every condition × arm of a conditions file; matrix.json, MATRIX.md (repro/fanout)
 bisect      the first release (or main commit) whose verdict differs from the bad end's
 base-image  make the local Debian base image (debootstrap + docker import)
@@ -29,13 +29,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from repro import cli_artifacts, cli_engine, cli_evidence, cli_images, cli_models, cli_run
+from repro.cli import artifacts, engine, evidence, images, models, run
 from repro.errors import ReproError
 from repro.fanout import bisect, cell, matrix
 
-# Each group of commands is one module, its parsers beside its handlers, in the order
-# `python -m repro --help` lists them; repro.fanout adds matrix, matrix-cell and bisect.
-GROUPS = (cli_run, cli_engine, cli_models, cli_images, cli_artifacts, cli_evidence)
+# Each group of commands is one module of this package, its parsers beside its handlers, in
+# the order `python -m repro --help` lists them; repro.fanout adds matrix, matrix-cell and bisect.
+GROUPS = (run, engine, models, images, artifacts, evidence)
 
 COMMANDS = {
     **{name: handler for group in GROUPS for name, handler in group.COMMANDS.items()},

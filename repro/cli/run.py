@@ -17,13 +17,14 @@ import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from repro import KIT_SOURCE, tinymodel
-from repro.cli_images import cuda_lock_path
-from repro.cli_models import check_weights_pin, pinned_snapshot
+from repro import KIT_SOURCE
+from repro.cli.images import cuda_lock_path
+from repro.cli.models import check_weights_pin, pinned_snapshot
 from repro.containers.base import DEFAULT_TAG
 from repro.containers.cuda import DEFAULT_VARIANT
 from repro.engine_env import DEFAULT_VLLM_CPU
 from repro.errors import ReproError
+from repro.models import tinymodel
 from repro.plan import DEFAULT_GPU_VLLM
 from repro.profiles import PROFILES, parse_overrides
 

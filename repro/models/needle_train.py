@@ -27,8 +27,8 @@ import sys
 import time
 from pathlib import Path
 
-from repro import needle_data
 from repro.atomicio import sha256_file
+from repro.models import needle_data
 
 # Bump when the trainer's output changes for an unchanged recipe.
 TRAINER_VERSION = 2
@@ -326,7 +326,7 @@ def new_model(recipe: dict, fast_tokenizer):
     """The untrained model of `recipe`'s family, and its `initialise(model, recipe, generator)`."""
     vocab = len(fast_tokenizer)
     if recipe["model_type"] == "qwen3_next":
-        from repro import needle_qwen3_next
+        from repro.models import needle_qwen3_next
 
         model = needle_qwen3_next.NeedleQwen3Next(
             recipe,
@@ -335,7 +335,7 @@ def new_model(recipe: dict, fast_tokenizer):
             pad_token_id=fast_tokenizer.pad_token_id,
         )
         return model, needle_qwen3_next.initialise
-    from repro import needle_model
+    from repro.models import needle_model
 
     return needle_model.NeedleNemotronH(recipe, vocab), needle_model.initialise
 
@@ -345,11 +345,11 @@ def export(model, recipe: dict, out_dir: Path, fast_tokenizer) -> dict:
     import torch
     from safetensors.torch import save_file
 
-    from repro import tiny_nemotron_h
+    from repro.models import tiny_nemotron_h
 
     dtype = getattr(torch, recipe["dtype"])
     if recipe["model_type"] == "qwen3_next":
-        from repro import qwen3_next_layout
+        from repro.models import qwen3_next_layout
 
         state = model.checkpoint_state(dtype)
         qwen3_next_layout.write_config(model.config, recipe, out_dir)
@@ -560,7 +560,7 @@ def default_device() -> str:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m repro.needle_train")
+    parser = argparse.ArgumentParser(prog="python -m repro.models.needle_train")
     parser.add_argument("--family", choices=sorted(RECIPES), default="nemotron-h-needle")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--log", type=Path, default=None)

@@ -5,7 +5,7 @@ train-tiny      check the committed trained needle model (--retrain: train it ag
 fetch-weights   download a profile's model at a pinned commit, write its sha256 manifest
 verify-weights  re-hash a fetched snapshot against its manifest (offline)
 
-Also a run's weights pin (`check_weights_pin`, `pinned_snapshot`), which `cli_run` uses.
+Also a run's weights pin (`check_weights_pin`, `pinned_snapshot`), which `repro.cli.run` uses.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import argparse
 import json
 from pathlib import Path
 
-from repro import tiny_needle, tinymodel
 from repro.errors import ReproError
+from repro.models import tiny_needle, tinymodel
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -29,7 +29,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     train.add_argument(
         "--retrain",
         action="store_true",
-        help="train it again from repro/needle_train.py's recipe (minutes on a GPU) and "
+        help="train it again from repro/models/needle_train.py's recipe (minutes on a GPU) and "
         "replace the checkpoint (or write to --out)",
     )
     train.add_argument(

@@ -1,7 +1,7 @@
 """How a Qwen3-Next checkpoint is laid out for vLLM: its config and its tensor names.
 
-Shared by the random tiny model (`repro.tinymodel`) and the trained one
-(`repro.needle_qwen3_next`). transformers and torch are imported inside the functions: the
+Shared by the random tiny model (`repro.models.tinymodel`) and the trained one
+(`repro.models.needle_qwen3_next`). transformers and torch are imported inside the functions: the
 host-side kit imports this module without an engine environment.
 """
 

@@ -1,7 +1,7 @@
 """The trained tiny needle models: their committed checkpoints, checked before use.
 
 Two families (`needle_train.RECIPES`): a NemotronH (`repro/checkpoints/tiny_needle/`) and a
-Qwen3-Next (`repro/checkpoints/tiny_needle_qwen3_next/`). `repro.needle_train` trains each on
+Qwen3-Next (`repro/checkpoints/tiny_needle_qwen3_next/`). `repro.models.needle_train` trains each on
 a GPU in minutes; CI's two cores cannot, so the checkpoint it wrote is committed (the one
 exception to "no weights in git") with the recipe it was trained from (`recipe.json`: recipe,
 trainer version, digest, held-out recall) and a `SHA256SUMS` of every other file. The weights
@@ -27,7 +27,7 @@ from typing import BinaryIO
 from repro.atomicio import publish_folder, sha256_stream
 from repro.errors import ReproError
 
-_CHECKPOINTS = Path(__file__).resolve().parent / "checkpoints"
+_CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
 FAMILY = "nemotron-h-needle"  # the first one, and the default of every function here
 CHECKPOINTS = {
     "nemotron-h-needle": _CHECKPOINTS / "tiny_needle",
@@ -61,14 +61,14 @@ def _sums(folder: Path) -> dict[str, str]:
 
 def family_of(recipe: dict) -> str | None:
     """The needle family whose trained recipe `recipe` is (None for a built model's)."""
-    from repro import needle_train
+    from repro.models import needle_train
 
     return next((f for f, r in needle_train.RECIPES.items() if r is recipe), None)
 
 
 def verify(folder: Path | None = None, family: str = FAMILY) -> dict:
     """The checkpoint's recipe record, after checking its files and its recipe."""
-    from repro import needle_train
+    from repro.models import needle_train
 
     folder = Path(folder) if folder is not None else CHECKPOINTS[family]
     if not (folder / SUMS).is_file() or not (folder / "recipe.json").is_file():
@@ -95,7 +95,8 @@ def verify(folder: Path | None = None, family: str = FAMILY) -> dict:
     if record.get("digest") != want_digest:
         raise ReproError(
             f"needle checkpoint in {folder} was trained from recipe {record.get('digest')}, "
-            f"but the trainer's recipe is now {want_digest} (repro/needle_train.py changed); "
+            f"but the trainer's recipe is now {want_digest} (repro/models/needle_train.py "
+            "changed); "
             f"retrain it with `{_retrain_command(family)}` on a machine with a GPU"
         )
     return record
@@ -135,7 +136,7 @@ def _pack(folder: Path) -> None:
 
 def retrain(out: Path | None = None, *, device: str | None = None, family: str = FAMILY) -> Path:
     """Train from the family's current recipe into `out`, or replace its committed checkpoint."""
-    from repro import needle_train
+    from repro.models import needle_train
 
     committed = CHECKPOINTS[family]
     target = Path(out) if out else committed

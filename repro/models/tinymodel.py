@@ -1,5 +1,5 @@
 """Tiny hybrid models with MTP weights, made offline (Qwen3-Next here; NemotronH in
-`repro.tiny_nemotron_h`).
+`repro.models.tiny_nemotron_h`).
 
 The tiny profile needs a model that vLLM serves with prefix caching and MTP speculative
 decoding on the CPU, that downloads nothing, and in which a wrong cached Mamba state is
@@ -86,14 +86,15 @@ def default_cache_dir() -> Path:
 
 
 #: The tiny model families the kit builds (`Profile.tiny_model`, `tiny-model --family`).
-# The "-needle" ones are trained, not built: their checkpoints are committed (`repro.tiny_needle`).
+# The "-needle" ones are trained, not built: their checkpoints are committed
+# (`repro.models.tiny_needle`).
 # "nemotron-h-tp4" is the NemotronH recipe with heads and groups that divide by 4 (issue 19).
 FAMILIES = ("qwen3-next", "nemotron-h", "nemotron-h-tp4", "nemotron-h-needle", "qwen3-next-needle")
 
 
 def recipe_for(family: str) -> dict:
     """The recipe of a tiny model family."""
-    from repro import needle_train, tiny_nemotron_h
+    from repro.models import needle_train, tiny_nemotron_h
 
     recipes = {
         "qwen3-next": RECIPE,
@@ -111,7 +112,7 @@ def recipe_for(family: str) -> dict:
 
 def tiny_model_dir(cache_dir: Path | None = None, recipe: dict = RECIPE) -> Path:
     """Where the tiny model of `recipe` lives (built or not)."""
-    from repro import needle_train, tiny_needle
+    from repro.models import needle_train, tiny_needle
 
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     trained = tiny_needle.family_of(recipe)
@@ -127,7 +128,7 @@ def is_built(target: Path) -> bool:
 
 def ensure_tiny_model(cache_dir: Path | None = None, recipe: dict = RECIPE) -> Path:
     """Return the directory of the tiny model for `recipe`, building it if it is missing."""
-    from repro import tiny_needle
+    from repro.models import tiny_needle
 
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     target = tiny_model_dir(cache_dir, recipe)
@@ -193,7 +194,7 @@ def build_tiny_model(out_dir: Path, recipe: dict = RECIPE) -> Path:
     build_tokenizer(out_dir, recipe)
     tokenizer = AutoTokenizer.from_pretrained(str(out_dir))
     if recipe["model_type"] == "nemotron_h":
-        from repro import tiny_nemotron_h
+        from repro.models import tiny_nemotron_h
 
         tiny_nemotron_h.build(out_dir, recipe, tokenizer)
     else:
@@ -214,7 +215,7 @@ def _build_qwen3_next(out_dir: Path, recipe: dict, tokenizer) -> None:
     from safetensors.torch import save_file
     from transformers import Qwen3NextForCausalLM
 
-    from repro.qwen3_next_layout import checkpoint_layout, config_for, write_config
+    from repro.models.qwen3_next_layout import checkpoint_layout, config_for, write_config
 
     torch.manual_seed(recipe["seed"])
     config = config_for(
