@@ -473,8 +473,11 @@ def test_the_plan_resolves_the_pins_made_here(docker_client, monkeypatch):
 )
 def test_the_0_26_0_image_and_install_set_from_one_lock(docker_client, tmp_path):
     from repro.containers import handoff
+    from repro.containers.base import UBUNTU_TAG
     from repro.installset.build import build_from_lock
 
+    # The build makes the Ubuntu base where none is here (439 MB); one made here goes after.
+    made_base = not docker_client.images.list(name=UBUNTU_TAG)
     wheelhouse = Path(os.environ.get("REPRO_CUDA_WHEELHOUSE") or tmp_path / "wheelhouse")
     cuda.make_cuda_wheelhouse(LOCK_026, wheelhouse)
     tag = "repro-test/cuda:vllm-0.26.0"
@@ -514,7 +517,8 @@ def test_the_0_26_0_image_and_install_set_from_one_lock(docker_client, tmp_path)
         imported = handoff.import_image(docker_client, archive, images_dir=tmp_path / "records")
         assert imported.image_id == built.id
     finally:
-        for ref in (tag, built.id):
+        base = [UBUNTU_TAG] if made_base and os.environ.get("REPRO_KEEP_TEST_IMAGES") != "1" else []
+        for ref in (tag, built.id, *base):
             try:
                 docker_client.images.remove(ref, force=True)
             except Exception:  # noqa: BLE001 - already gone
