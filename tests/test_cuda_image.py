@@ -490,8 +490,9 @@ def test_the_0_26_0_image_and_install_set_from_one_lock(docker_client, tmp_path)
         out_dir=tmp_path / "records",
         wheelhouse=wheelhouse,
     )
-    built = build()
+    built = None
     try:
+        built = build()
         check = built.record["check"]
         assert check["torch"]["version"] == "2.11.0" and check["torch"]["cuda"] == "13.0"
         assert check["vllm"]["version"] == "0.26.0" and check["label_problems"] == []
@@ -518,7 +519,7 @@ def test_the_0_26_0_image_and_install_set_from_one_lock(docker_client, tmp_path)
         assert imported.image_id == built.id
     finally:
         base = [UBUNTU_TAG] if made_base and os.environ.get("REPRO_KEEP_TEST_IMAGES") != "1" else []
-        for ref in (tag, built.id, *base):
+        for ref in (tag, *([built.id] if built else []), *base):
             try:
                 docker_client.images.remove(ref, force=True)
             except Exception:  # noqa: BLE001 - already gone
