@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from kept_images import remove_unless_kept
 
 from repro import runcontext
 from repro.containers import build, pins
@@ -311,28 +312,13 @@ LABELS = (
 ARMS = ("cold-race", "multi-turn")
 
 
-def _remove_unless_kept(docker_client, tag: str) -> None:
-    """Remove one of the suite's images once its tests are done (the CPU image is about
-    5 GB); REPRO_KEEP_TEST_IMAGES=1 keeps them for the next session's layer cache."""
-    import docker.errors
-
-    if os.environ.get("REPRO_KEEP_TEST_IMAGES") == "1":
-        return
-    try:
-        docker_client.images.remove(tag)
-    except docker.errors.ImageNotFound:
-        pass
-    except docker.errors.APIError as exc:  # e.g. still used by a container: say so, go on
-        print(f"test images: {tag} left in place: {exc}")
-
-
 @pytest.fixture(scope="session")
 def base_image(docker_client):
     """The kit's local base image (made by debootstrap on first use, about a minute)."""
     from repro.containers.base import ensure_base_image
 
     yield ensure_base_image(docker_client, tag=BASE_TAG)
-    _remove_unless_kept(docker_client, BASE_TAG)
+    remove_unless_kept(docker_client, BASE_TAG)
 
 
 @pytest.fixture(scope="session")
@@ -380,7 +366,7 @@ def cpu_image(docker_client, base_image, wheelhouse, images_dir):
         except docker.errors.APIError:
             pass  # still used by a container: docker keeps it, and that is fine
     yield record
-    _remove_unless_kept(docker_client, CPU_TAG)
+    remove_unless_kept(docker_client, CPU_TAG)
 
 
 @pytest.mark.docker

@@ -23,6 +23,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from kept_images import remove_unless_kept
 
 from repro.atomicio import sha256_file
 from repro.containers import cuda
@@ -271,8 +272,6 @@ def test_a_patch_that_does_not_apply_fails_before_the_build(tmp_path):
 def small_image(docker_client):
     """A small local image to tag and to create containers from (the kit's Debian base). One
     made here is removed afterwards, unless REPRO_KEEP_TEST_IMAGES=1 (as test_containers)."""
-    import docker
-
     from repro.containers.base import DEFAULT_TAG, UBUNTU_TAG, ensure_base_image
 
     for tag in (UBUNTU_TAG, DEFAULT_TAG):
@@ -284,11 +283,8 @@ def small_image(docker_client):
         return
     made = docker_client.images.get(ensure_base_image(docker_client).id)
     yield made
-    if os.environ.get("REPRO_KEEP_TEST_IMAGES") != "1":
-        try:  # by id: another xdist worker (without --dist loadfile) may have made its own
-            docker_client.images.remove(made.id, force=True)
-        except docker.errors.ImageNotFound:
-            pass
+    # By id: another xdist worker (without --dist loadfile) may have made its own.
+    remove_unless_kept(docker_client, made.id, force=True)
 
 
 @pytest.mark.docker
@@ -518,12 +514,13 @@ def test_the_0_26_0_image_and_install_set_from_one_lock(docker_client, tmp_path)
         imported = handoff.import_image(docker_client, archive, images_dir=tmp_path / "records")
         assert imported.image_id == built.id
     finally:
-        base = [UBUNTU_TAG] if made_base and os.environ.get("REPRO_KEEP_TEST_IMAGES") != "1" else []
-        for ref in (tag, *([built.id] if built else []), *base):
+        for ref in (tag, *([built.id] if built else [])):
             try:
                 docker_client.images.remove(ref, force=True)
             except Exception:  # noqa: BLE001 - already gone
                 pass
+        if made_base:
+            remove_unless_kept(docker_client, UBUNTU_TAG, force=True)
         # pytest keeps the last runs' tmp_path: the 7 GB archive and 3 GB of wheels must go.
         (tmp_path / "image.tar").unlink(missing_ok=True)
         if not os.environ.get("REPRO_CUDA_WHEELHOUSE"):

@@ -96,8 +96,7 @@ def verify(folder: Path | None = None, family: str = FAMILY) -> dict:
         raise ReproError(
             f"needle checkpoint in {folder} was trained from recipe {record.get('digest')}, "
             f"but the trainer's recipe is now {want_digest} (repro/models/needle_train.py "
-            "changed); "
-            f"retrain it with `{_retrain_command(family)}` on a machine with a GPU"
+            f"changed); retrain it with `{_retrain_command(family)}` on a machine with a GPU"
         )
     return record
 
