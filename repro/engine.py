@@ -111,6 +111,9 @@ class Completion:
     # Log-probabilities at the first generated position: token id -> logprob (top-k plus the
     # sampled token, as vLLM returns them).
     first_logprobs: dict[int, float]
+    # What the engine restored for this request from the prefix cache, one entry per restore
+    # (`repro.vllm_plugin.restore_witness`); None where no witness could report.
+    restores: tuple[dict[str, Any], ...] | None = ()
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -157,6 +160,8 @@ class Engine:
         self._llm = None
         self._fault_baseline: list[int] | None = None
         self._waves = 0
+        # The restore witness as the workers report it: hooks installed, failures, totals.
+        self.witness_status: dict[str, Any] = {}
         self._label = "APC" if self.settings.get("enable_prefix_caching") else "control"
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -349,7 +354,36 @@ class Engine:
         self._waves += 1
         progress.emit("wave", run=self._label, index=self._waves, requests=len(batch))
         outputs = self.llm.generate(batch, params, use_tqdm=_progress_bar(self.llm))
-        return [_completion(out) for out in outputs]
+        restores = self._restores()
+        return [
+            _completion(out, None if restores is None else _own(restores, out.request_id))
+            for out in outputs
+        ]
+
+    def _restores(self) -> list[dict[str, Any]] | None:
+        """The restores the witness judged since the last call (rank 0's: every rank
+        restores the same blocks), or None where it cannot report."""
+        from repro.vllm_plugin.restore_witness import METHOD
+
+        try:
+            reports = list(self.llm.collective_rpc(METHOD))
+        except Exception as exc:  # noqa: BLE001 - named in the record, never a zero
+            self.witness_status = {"installed": [], "broken": [f"{type(exc).__name__}: {exc}"]}
+            return None
+        first = reports[0] if reports and isinstance(reports[0], dict) else {}
+        self.witness_status = {
+            "installed": list(first.get("installed") or []),
+            "broken": list(first.get("broken") or []),
+            "totals": dict(first.get("totals") or {}),
+            "hit_lengths": bool(first.get("hit_lengths")),
+            "seconds": float(first.get("seconds") or 0.0),
+        }
+        if (
+            self.witness_status["broken"]
+            or "preprocess_mamba" not in self.witness_status["installed"]
+        ):
+            return None
+        return list(first.get("events") or [])
 
     def counters(self) -> Counters:
         """Counter totals. In process, one read, as upstream's: the engine records its
@@ -477,7 +511,17 @@ class _NullFile:
         pass
 
 
-def _completion(output) -> Completion:
+def _own(restores: list[dict[str, Any]], request_id: str) -> tuple[dict[str, Any], ...]:
+    """The restores of one request: the engine core's id is the front end's, or the front
+    end's with a suffix it adds (``<id>-<random>``)."""
+    return tuple(
+        r
+        for r in restores
+        if r["request"] == request_id or r["request"].startswith(request_id + "-")
+    )
+
+
+def _completion(output, restores: tuple[dict[str, Any], ...] | None = ()) -> Completion:
     sample = output.outputs[0]
     first: dict[int, float] = {}
     if sample.logprobs:
@@ -490,6 +534,7 @@ def _completion(output) -> Completion:
         token_ids=tuple(sample.token_ids),
         num_cached_tokens=int(output.num_cached_tokens or 0),
         first_logprobs=first,
+        restores=restores,
     )
 
 

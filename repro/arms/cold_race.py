@@ -123,6 +123,7 @@ def run_cold_race(profile: Profile, model_path: str, timer: PhaseTimer | None = 
         with timer.phase("counters"):
             # Upstream reads the probe's hits only after the long decode, and waits for them.
             apc.counters[PROBE] = engine.counters_moved(baseline, "prefix_cache_hits") - baseline
+        apc.witness = dict(engine.witness_status)
 
     with start_engine(
         profile, model_path, arm=arm, prefix_caching=False, mamba_block_size=block_size

@@ -20,6 +20,8 @@ class RunRecord:
     dropped_settings: list[str] = field(default_factory=list)
     boot_seconds: float | None = None
     counters: dict[str, Counters] = field(default_factory=dict)
+    # The restore witness as the engine's workers reported it (`Engine.witness_status`).
+    witness: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -169,6 +171,7 @@ def compare_wave(
                 code=codes[index] if codes else None,
                 apc_answer=a.text if codes else None,
                 control_answer=c.text if codes else None,
+                restores=a.restores,
             )
         )
     return grading.Wave(

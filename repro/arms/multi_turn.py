@@ -62,6 +62,7 @@ def run_multi_turn(profile: Profile, model_path: str, timer: PhaseTimer | None =
         apc_w1, apc.counters["wave1"] = run_wave(engine, wave1, turn_one, timer)
         wave2 = _second_turns(engine, profile, wave1, apc_w1, vaults)
         apc_w2, apc.counters["wave2"] = run_wave(engine, wave2, turn_two, timer)
+        apc.witness = dict(engine.witness_status)
 
     with start_engine(profile, model_path, arm=arm, prefix_caching=False) as engine:
         timer.add("boot", engine.boot_seconds)

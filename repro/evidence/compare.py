@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from repro import witness
 from repro.evidence import report
 from repro.evidence.runs import EvidenceError, Run
 from repro.evidence.verify import load_runs
@@ -128,6 +129,13 @@ def arm_figures(doc: dict[str, Any]) -> dict[str, Any]:
     live = (doc.get("figures") or {}).get("liveness")
     if live:
         figures["liveness hits"] = live["hits"]
+    seen = witness.from_document(doc)
+    if seen is not None:
+        figures["witness: restores judged"] = seen.restores if seen.status == witness.LIVE else None
+        for lane in witness.LANES:
+            figures[f"witness: invalid restores, {lane} lane"] = (
+                seen.by_lane.get(lane, 0) if seen.status == witness.LIVE else None
+            )
     return figures
 
 
@@ -220,7 +228,8 @@ def _verdict(doc: dict[str, Any] | None) -> str:
     if doc is None:
         return "not run"
     status, gate = _key(doc)
-    return status + (f" ({gate})" if gate else "")
+    text = witness.headline(status, witness.from_document(doc))
+    return text + (f" ({gate})" if gate else "")
 
 
 __all__ = ["Comparison", "arm_figures", "compare", "load_one"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from repro import grading
+from repro import grading, witness
 from repro.arms.common import ArmResult, RunRecord
 from repro.artifact import SCHEMA_VERSION
 from repro.profiles import Profile
@@ -142,7 +142,21 @@ def fill_result(
             else None
         ),
     }
+    doc["witness"] = witness_section(result, doc["figures"]["waves"])
     doc["verdict"] = verdict_section(verdict)
+
+
+def witness_section(result: ArmResult, waves: list[dict[str, Any]]) -> dict[str, Any]:
+    """The restore witness's figures over the recorded requests, and its hooks."""
+    status = witness.engine_status(result.apc.witness)
+    summary = witness.summarize(status, [r for w in waves for r in w["per_request"]])
+    return {
+        **summary.as_dict(),
+        "hooks": list(result.apc.witness.get("installed") or []),
+        "hit_lengths_seen": bool(result.apc.witness.get("hit_lengths")),
+        # The APC engine's time in the witness (rank 0), for its cost against the arm's.
+        "seconds": round(float(result.apc.witness.get("seconds") or 0.0), 4),
+    }
 
 
 def verdict_section(verdict: grading.Verdict) -> dict[str, Any]:
@@ -187,6 +201,7 @@ def _wave_figures(
                 "control_miss": r.control_miss,
                 "flagged": bool(f),
                 **_answers(r),
+                **({"restores": [dict(x) for x in r.restores]} if r.restores else {}),
             }
             for r, f in zip(wave.requests, flagged, strict=False)
         ],

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from repro import __version__
+from repro import __version__, witness
 from repro.evidence.runs import ARM_ORDER, Run
 
 ARM_TITLES = {"cold-race": "Cold-race", "multi-turn": "Multi-turn"}
@@ -111,7 +111,10 @@ def result_text(doc: dict[str, Any]) -> str:
             text += f" (log-prob threshold {signal['threshold']:.4f})"
         if verdict.get("outcome") == "clean-zero-trigger-hits":
             text += f" · {_zero_trigger_hits(doc)}"
-        return f"{mark} **{status}**: {text}"
+        seen = witness.from_document(doc)
+        if seen is not None:
+            text += f" · {witness.line(seen)}"
+        return f"{mark} **{witness.headline(status, seen)}**: {text}"
     if status == "inconclusive":
         return f"{mark} **inconclusive ({verdict['gate']})**: {verdict['reason']}"
     return f"{mark} **error**: {verdict['reason']}"
@@ -363,12 +366,12 @@ def matrix_cell(doc: dict[str, Any], cured: bool) -> str:
     status, gate = verdict["status"], verdict["gate"]
     if status == "corrupted":
         hits = f", {figures['hits']} hits" if figures else ""
-        return f"🔴 corrupts (cache engaged{hits})"
+        return f"🔴 corrupts (cache engaged{hits}){_witness_note(doc)}"
     if status == "clean":
         word = "cured" if cured else "clean"
         if verdict.get("outcome") == "clean-zero-trigger-hits":
-            return f"✅ {word}, {_zero_trigger_hits(doc)}"
-        return f"✅ {word}, engaged (hit ratio {hit_ratio(figures)})"
+            return f"✅ {word}, {_zero_trigger_hits(doc)}{_witness_note(doc)}"
+        return f"✅ {word}, engaged (hit ratio {hit_ratio(figures)}){_witness_note(doc)}"
     if status == "inconclusive":
         if gate == "engagement" and figures and figures["queries"] > 0 and figures["hits"] == 0:
             return f"⚠️ zero-hit: {figures['queries']} queries, 0 hits (engagement gate)"
@@ -382,6 +385,23 @@ def matrix_cell(doc: dict[str, Any], cured: bool) -> str:
             return f"⚠️ zero-hit after the arm: liveness {live.get('hits', 0)} hits (liveness gate)"
         return f"⚠️ inconclusive ({gate} gate)"
     return "❌ error (no verdict)"
+
+
+def _witness_note(doc: dict[str, Any]) -> str:
+    """The witness beside a matrix cell: its invalid restores by lane, or that it could not
+    judge; nothing for artifacts from before it."""
+    seen = witness.from_document(doc)
+    if seen is None:
+        return ""
+    if seen.status != witness.LIVE:
+        return " · witness: none"
+    lanes = ", ".join(f"{n} {lane}" for lane, n in seen.by_lane.items() if n)
+    text = f" · witness: {seen.invalid} invalid of {seen.restores}" + (
+        f" ({lanes})" if lanes else ""
+    )
+    if not seen.complete:
+        text += ", some not judged"
+    return text
 
 
 def render_matrix(runs: list[Run]) -> list[str]:

@@ -5,17 +5,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from repro import witness
+
 
 def print_summary(documents: dict[str, dict[str, Any]], out_dir: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"repro results ({out_dir})")
-    for column in ("arm", "verdict", "hits / queries", "drafts", "reason"):
+    for column in ("arm", "verdict", "hits / queries", "drafts", "reason", "witness"):
         table.add_column(column, overflow="fold")
     for arm, doc in documents.items():
         verdict = doc["verdict"]
-        status = verdict["status"] + (f" ({verdict['gate']})" if verdict["gate"] else "")
+        seen = witness.from_document(doc)
+        status = witness.headline(verdict["status"], seen)
+        status += f" ({verdict['gate']})" if verdict["gate"] else ""
         # The figures engagement is graded on (repro.arms.common.engagement_of): hits and
         # queries of the arm's waves (the liveness probe and its baseline have their own gate),
         # drafts of the whole APC run (cold-race reads them after the probe's long decode).
@@ -24,5 +28,6 @@ def print_summary(documents: dict[str, dict[str, Any]], out_dir: Path) -> None:
         hits = sum(c["prefix_cache_hits"] for c in waves)
         queries = sum(c["prefix_cache_queries"] for c in waves)
         drafts = sum(c["spec_decode_num_drafts"] for c in apc.values())
-        table.add_row(arm, status, f"{hits} / {queries}", str(drafts), verdict["reason"])
+        seen_text = witness.line(seen).removeprefix("witness: ") if seen else "–"
+        table.add_row(arm, status, f"{hits} / {queries}", str(drafts), verdict["reason"], seen_text)
     Console().print(table)

@@ -13,10 +13,12 @@ in-process and multiprocess alike. It
 2. gives vLLM's workers a method that returns their figures (Mamba block sizes, settings,
    the fault's count), read from the front end when the engine core is another process
    (:mod:`repro.vllm_plugin.worker_facts`);
-3. when ``REPRO_INJECT_FAULT`` is set, installs a deliberate fault, the kit's positive
+3. witnesses every restore of a Mamba state from the prefix cache: what the restored state
+   really holds (:mod:`repro.vllm_plugin.restore_witness`);
+4. when ``REPRO_INJECT_FAULT`` is set, installs a deliberate fault, the kit's positive
    control (:mod:`repro.vllm_plugin.fault_injection`).
 
-Both are idempotent. An unsupported vLLM release gives a warning, never an exception; only
+All are idempotent. An unsupported vLLM release gives a warning, never an exception; only
 an unknown ``REPRO_INJECT_FAULT`` value raises (a misconfigured control must not pass
 silently as a clean run).
 """
@@ -126,6 +128,18 @@ def register() -> None:
         worker_facts.install()
     except Exception as exc:  # noqa: BLE001 - the engine names the run inconclusive instead
         logger.warning("repro plugin: the worker facts method was not installed: %r", exc)
+
+    from . import restore_witness
+
+    # Before the fault: the fault's wrapper then runs outside the witness's, so the witness
+    # judges the state the engine restored, before the fault perturbs its copy.
+    try:
+        reason = restore_witness.install()
+    except Exception as exc:  # noqa: BLE001 - the record then says the witness is missing
+        logger.warning("repro plugin: the restore witness was not installed: %r", exc)
+    else:
+        if reason:
+            logger.warning("repro plugin: no restore witness in this vLLM: %s", reason)
 
     if fault is not None:
         from . import fault_injection

@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import functools
 import inspect
-import itertools
 import logging
 import os
 from typing import Any
+
+from .mamba_batch import RunningColumns, mamba_layers, restoring_requests
 
 ENV_VAR = "REPRO_INJECT_FAULT"
 RESTORED_STATE_NOISE = "restored-state-noise"
@@ -78,31 +79,6 @@ def applied_count() -> int:
     return len(INJECTED_REQUEST_IDS)
 
 
-def _mamba_layers(kv_cache_config: Any, forward_context: dict[str, Any]):
-    """Yield (group_id, block_size, layer_name, state tensors) for every Mamba layer."""
-    from vllm.v1.kv_cache_interface import MambaSpec
-
-    try:
-        from vllm.v1.kv_cache_interface import UniformTypeKVCacheSpecs
-    except ImportError:  # older releases
-        UniformTypeKVCacheSpecs = ()  # noqa: N806
-
-    for gid, group in enumerate(kv_cache_config.kv_cache_groups):
-        for layer_name in group.layer_names:
-            spec = group.kv_cache_spec
-            if UniformTypeKVCacheSpecs and isinstance(spec, UniformTypeKVCacheSpecs):
-                spec = spec.kv_cache_specs[layer_name]
-            if not isinstance(spec, MambaSpec):
-                continue
-            layer = forward_context.get(layer_name)
-            states = getattr(layer, "kv_cache", None)
-            if states is None:
-                continue
-            if not isinstance(states, (list, tuple)):
-                states = [states]
-            yield gid, spec.block_size, layer_name, states
-
-
 def _noise_like(block, key: int):
     import torch
 
@@ -129,7 +105,7 @@ def perturb_restored_state(
     """Perturb one request's running state column; return whether anything was touched."""
     touched = False
     for layer_no, (gid, _block_size, _name, states) in enumerate(
-        _mamba_layers(kv_cache_config, forward_context)
+        mamba_layers(kv_cache_config, forward_context)
     ):
         block_ids = req_state.block_ids[gid]
         if curr_col >= len(block_ids):
@@ -155,52 +131,6 @@ _REQUIRED_ARGS = (
 )
 
 
-class _RunningColumns:
-    """Where ``preprocess_mamba`` keeps each request's running state column.
-
-    vLLM 0.32.0 passes a dict ``mamba_state_idx`` (req_id -> column); other releases keep a
-    per-row array ``input_batch.mamba_state_idx_cpu`` with -1 for "no running state yet".
-    """
-
-    def __init__(self, bound: dict[str, Any]) -> None:
-        self.mapping = bound.get("mamba_state_idx")
-        self.batch = bound["input_batch"]
-
-    @property
-    def supported(self) -> bool:
-        return (
-            self.mapping is not None or getattr(self.batch, "mamba_state_idx_cpu", None) is not None
-        )
-
-    def get(self, req_id: str) -> int | None:
-        if self.mapping is not None:
-            return self.mapping.get(req_id)
-        row = self.batch.req_id_to_index.get(req_id)
-        if row is None:
-            return None
-        col = int(self.batch.mamba_state_idx_cpu[row])
-        return col if col >= 0 else None
-
-
-def _restoring_requests(bound: dict[str, Any], columns: _RunningColumns) -> list[str]:
-    """Requests ``preprocess_mamba`` is about to treat as new or resumed (no running column,
-    or one it drops first), whose computation starts from cached tokens."""
-    sched = bound["scheduler_output"]
-    dropped = set(
-        itertools.chain(
-            sched.finished_req_ids,
-            getattr(sched, "preempted_req_ids", None) or (),
-            getattr(sched.scheduled_cached_reqs, "resumed_req_ids", None) or (),
-        )
-    )
-    requests = bound["requests"]
-    return [
-        rid
-        for rid in bound["input_batch"].req_ids
-        if (columns.get(rid) is None or rid in dropped) and requests[rid].num_computed_tokens > 0
-    ]
-
-
 def _wrap_preprocess_mamba(original):
     sig = inspect.signature(original)
     warned = []
@@ -208,7 +138,7 @@ def _wrap_preprocess_mamba(original):
     @functools.wraps(original)
     def preprocess_mamba(*args, **kwargs):
         bound = sig.bind(*args, **kwargs).arguments
-        columns = _RunningColumns(bound)
+        columns = RunningColumns(bound)
         if not columns.supported:
             if not warned:
                 warned.append(True)
@@ -217,7 +147,7 @@ def _wrap_preprocess_mamba(original):
                     "columns in this vLLM; fault NOT injected"
                 )
             return original(*args, **kwargs)
-        restoring = _restoring_requests(bound, columns)
+        restoring = restoring_requests(bound, columns)
 
         result = original(*args, **kwargs)
 
