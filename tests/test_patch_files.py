@@ -1,9 +1,10 @@
-"""The shipped patch files (containers/patches/*.diff) stay usable and accounted for.
+"""The shipped diffs stay usable and accounted for: the fixes (containers/patches/) and the
+reverts that take a fix back out (containers/reverts/, positive controls).
 
 Each must pass the kit's own Python-only check, have well-formed hunks, name the upstream
-PR it comes from in its header, and match the sha256 that containers/patches/README.md lists
-(runs record that sha256, so a silent edit would make artifacts name a patch nobody can find).
-Offline and fast: nothing is downloaded and no vLLM is needed.
+PR it comes from (or takes out) in its header, and match the sha256 its folder's README
+lists (runs record that sha256, so a silent edit would make artifacts name a patch nobody
+can find). Offline and fast: nothing is downloaded and no vLLM is needed.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import pytest
 from repro import patching
 from repro.atomicio import sha256_file
 
-PATCH_DIR = Path(__file__).resolve().parent.parent / "containers" / "patches"
-README = PATCH_DIR / "README.md"
-PATCHES = sorted(PATCH_DIR.glob("*.diff"))
+CONTAINERS = Path(__file__).resolve().parent.parent / "containers"
+FOLDERS = (CONTAINERS / "patches", CONTAINERS / "reverts")
+PATCHES = [p for folder in FOLDERS for p in sorted(folder.glob("*.diff"))]
 SHA256 = re.compile(r"\b[0-9a-f]{64}\b")
 PR_URL = re.compile(r"https://github\.com/vllm-project/vllm/pull/(\d+)")
 HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
@@ -31,10 +32,10 @@ def header(path: Path) -> str:
     return "\n".join(lines[:end])
 
 
-def readme_rows() -> dict[str, str]:
-    """README table rows keyed by the patch file name they list."""
+def readme_rows(folder: Path) -> dict[str, str]:
+    """The folder's README table rows keyed by the diff file name they list."""
     rows = {}
-    for line in README.read_text(encoding="utf-8").splitlines():
+    for line in (folder / "README.md").read_text(encoding="utf-8").splitlines():
         m = re.match(r"^\|\s*`([^`]+\.diff)`\s*\|", line)
         if m:
             assert m.group(1) not in rows, f"README lists {m.group(1)} twice"
@@ -42,12 +43,11 @@ def readme_rows() -> dict[str, str]:
     return rows
 
 
-def test_there_are_patch_files():
-    assert PATCHES, f"no *.diff in {PATCH_DIR}"
-
-
-def test_readme_lists_exactly_the_patch_files():
-    assert sorted(readme_rows()) == [p.name for p in PATCHES]
+@pytest.mark.parametrize("folder", FOLDERS, ids=lambda f: f.name)
+def test_each_folder_has_diffs_and_its_readme_lists_exactly_them(folder: Path):
+    diffs = sorted(p.name for p in folder.glob("*.diff"))
+    assert diffs, f"no *.diff in {folder}"
+    assert sorted(readme_rows(folder)) == diffs
 
 
 @pytest.mark.parametrize("path", PATCHES, ids=lambda p: p.name)
@@ -58,11 +58,11 @@ def test_is_python_only_and_inside_vllm(path: Path):
 
 @pytest.mark.parametrize("path", PATCHES, ids=lambda p: p.name)
 def test_sha256_matches_the_readme(path: Path):
-    row = readme_rows()[path.name]
+    row = readme_rows(path.parent)[path.name]
     listed = SHA256.findall(row)
     assert len(listed) == 1, f"README row for {path.name} should hold one sha256: {row}"
     assert listed[0] == sha256_file(path), (
-        f"{path.name} changed without updating containers/patches/README.md "
+        f"{path.name} changed without updating containers/{path.parent.name}/README.md "
         f"(now {sha256_file(path)})"
     )
 
@@ -74,13 +74,13 @@ def test_header_names_its_source_pr(path: Path):
     assert all(line.startswith("#") or not line.strip() for line in text.splitlines()), (
         f"{path.name}: header lines must be '#' comments so patch and the kit ignore them"
     )
-    urls = set(PR_URL.findall(text))
-    assert len(urls) == 1, f"{path.name}: header should link exactly one upstream vLLM PR"
-    number = urls.pop()
-    assert f"PR #{number}" in text
-    # The file name and the README row point at the same PR as the header.
-    assert f"pr{number}" in path.name
-    assert f"PR #{number}" in readme_rows()[path.name]
+    (number,) = re.findall(r"-pr(\d+)-", path.name)
+    assert f"PR #{number}" in text, f"{path.name}: the header should name upstream PR #{number}"
+    # The README row points at the same PR as the file name and the header.
+    assert f"#{number}" in readme_rows(path.parent)[path.name]
+    if path.parent.name == "patches":
+        # A fix links the PR it ports.
+        assert set(PR_URL.findall(text)) == {number}, f"{path.name}: link PR #{number} only"
 
 
 @pytest.mark.parametrize("path", PATCHES, ids=lambda p: p.name)
