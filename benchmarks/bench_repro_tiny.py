@@ -29,7 +29,9 @@ Reported per kit (medians over the repeats), as one JSON object:
   load moves in it cancels out; `baseline_overhead_s`: the baseline's own time outside boot
   and generate();
 - `kit_cpu_s`, `baseline_cpu_s`, `ratio_cpu`: the same comparison in CPU seconds (user +
-  system, the command and all its processes).
+  system, the command and all its processes);
+- `witness_s`: the restore witness's own time in the APC engines (the artifacts'
+  `witness.seconds`), and `share_witness`: that as a share of `kit_s`.
 
 Usage: python benchmarks/bench_repro_tiny.py [--repeat N] [--vllm VERSION] [--before DIR]
 """
@@ -63,9 +65,11 @@ def run_kit(checkout: Path, vllm: str | None) -> dict:
         wall, cpu = time.perf_counter() - started, _children_cpu() - cpu
         phases: dict[str, float] = {}
         verdicts = {}
+        witness_s = 0.0
         for path in sorted(Path(tmp).glob("*.json")):
             doc = json.loads(path.read_text())
             verdicts[doc["arm"]] = doc["verdict"]["status"]
+            witness_s += float((doc.get("witness") or {}).get("seconds") or 0.0)
             for name, seconds in doc["run"].get("phases_s", {}).items():
                 phases[name] = phases.get(name, 0.0) + seconds
         boots = sum(
@@ -78,6 +82,7 @@ def run_kit(checkout: Path, vllm: str | None) -> dict:
             "phases_s": phases,
             "boots": boots,
             "verdicts": verdicts,
+            "witness_s": witness_s,
         }
 
 
@@ -124,6 +129,8 @@ def summarize(kit_runs: list[dict], baselines: list[dict]) -> dict:
                 "share_kit_overhead": overhead / wall,
                 "share_kit_overhead_beyond_import": (overhead - phases.get("import", 0.0)) / wall,
                 "share_kit_overhead_beyond_baseline": (overhead - engine_own) / wall,
+                # The restore witness's own time (the APC engines'), against the run's wall.
+                "share_witness": run["witness_s"] / wall,
             }
         )
     phase_names = sorted({name for r in kit_runs for name in r["phases_s"]})
@@ -151,6 +158,7 @@ def summarize(kit_runs: list[dict], baselines: list[dict]) -> dict:
         "boots": sorted({r["boots"] for r in kit_runs}),
         "phases_s": {n: med([r["phases_s"].get(n, 0.0) for r in kit_runs]) for n in phase_names},
         "verdicts": [r["verdicts"] for r in kit_runs],
+        "witness_s": med([r["witness_s"] for r in kit_runs]),
         "kit_s_each": [round(r["wall_s"], 2) for r in kit_runs],
         "kit_cpu_s_each": [round(r["cpu_s"], 2) for r in kit_runs],
         # Per repeat, so that an outlier can be taken apart: the medians above mix repeats.
