@@ -229,10 +229,10 @@ def test_found_value_is_shown():
 def test_unknown_property_is_named_at_top_level_and_in_sections():
     doc = example()
     doc["notes"] = "hello"
-    doc["verdict"]["confidence"] = 0.9
+    doc["verdict"]["certainty"] = 0.9
     found = violations(doc)
     assert any(v.startswith("$: unexpected property ['notes']") for v in found), found
-    assert any(v.startswith("$.verdict: unexpected property ['confidence']") for v in found)
+    assert any(v.startswith("$.verdict: unexpected property ['certainty']") for v in found)
 
 
 def test_open_sections_accept_extra_keys():

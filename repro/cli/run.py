@@ -136,6 +136,14 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--arm-timeout", type=float, default=None, help="seconds per arm")
     parser.add_argument(
+        "--repeat",
+        type=_repeat_count,
+        default=1,
+        metavar="K",
+        help="run the arms K times with fresh engines (repeat-1/ … repeat-K/), and pool their "
+        "flips into one exact p-value (repeats.json)",
+    )
+    parser.add_argument(
         "--verbose",
         action="store_true",
         help="also print vLLM's engine output (always kept in the arms' log files)",
@@ -157,6 +165,20 @@ def _add_container_options(parser: argparse.ArgumentParser) -> None:
 
 # A run id names a folder and a container label.
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+def _repeat_count(text: str) -> int:
+    from repro.repeats import MAX_REPEATS
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number of repeats, found {text!r}"
+        ) from None
+    if not 1 <= value <= MAX_REPEATS:
+        raise argparse.ArgumentTypeError(f"expected 1 to {MAX_REPEATS} repeats, found {value}")
+    return value
 
 
 def _run_id(text: str) -> str:
@@ -181,6 +203,7 @@ class RunSettings:
     inject_fault: bool = False
     override: list[str] = field(default_factory=list)  # KEY=JSON items, passed on as given
     arm_timeout: float | None = None
+    repeat: int = 1
     verbose: bool = False
     container: bool = False
     image: str | None = None
@@ -234,6 +257,8 @@ class RunSettings:
             out += ["--override", item]
         if self.arm_timeout:
             out += ["--arm-timeout", str(self.arm_timeout)]
+        if self.repeat > 1:
+            out += ["--repeat", str(self.repeat)]
         if self.verbose:
             out.append("--verbose")
         return out
@@ -271,6 +296,11 @@ def _run_in_container(settings: RunSettings) -> int:
     from repro.containers import run as container_run
     from repro.profiles import get_profile
 
+    if settings.repeat > 1:
+        raise ReproError(
+            f"--repeat {settings.repeat} runs the arms on this host; with --container it is not "
+            "supported yet: run the container command once per repeat, each with its own --out"
+        )
     profile = get_profile(settings.profile)
     if settings.device:
         profile = profile.for_device(settings.device)
@@ -429,18 +459,47 @@ def _run_profile(settings: RunSettings, profile, *, model_path: str | None) -> i
             f"{profile.model} (offline runs never resolve repo ids)"
         )
     out_dir = settings.out_dir
-    documents = runner.run_profile(
-        run_id=settings.run_id,
-        profile=profile,
-        model_path=model_path,
-        out_dir=out_dir,
-        arms=settings.arms_of(profile),
-        fault_kind=settings.fault_kind,
-        overrides=parse_overrides(settings.override),
-        arm_timeout_s=settings.arm_timeout_s,
-        verbose=settings.verbose,
-    )
-    return _summarised(documents, out_dir)
+
+    def run_once(run_id: str, out: Path) -> dict[str, dict]:
+        return runner.run_profile(
+            run_id=run_id,
+            profile=profile,
+            model_path=model_path,
+            out_dir=out,
+            arms=settings.arms_of(profile),
+            fault_kind=settings.fault_kind,
+            overrides=parse_overrides(settings.override),
+            arm_timeout_s=settings.arm_timeout_s,
+            verbose=settings.verbose,
+        )
+
+    if settings.repeat == 1:
+        return _summarised(run_once(settings.run_id, out_dir), out_dir)
+    return _repeated(settings, out_dir, run_once)
+
+
+def _repeated(settings: RunSettings, out_dir: Path, run_once) -> int:
+    """The arms `settings.repeat` times, each into its own directory, then repeats.json."""
+    from repro import repeats
+    from repro.artifact import schema_violations
+    from repro.atomicio import write_json_atomic
+
+    runs = []
+    status = 0
+    for index in range(1, settings.repeat + 1):
+        out = repeats.repeat_dir(out_dir, index)
+        documents = run_once(f"{settings.run_id}-r{index}", out)
+        status = max(status, _summarised(documents, out))
+        runs.append(documents)
+    doc = repeats.document(runs, out_dir)
+    problems = schema_violations(doc, "repeats")
+    if problems:
+        raise ReproError("repeats.json does not match its schema: " + "; ".join(problems))
+    write_json_atomic(out_dir / repeats.FILE_NAME, doc)
+    for arm, figures in doc["arms"].items():
+        print(repeats.line(arm, figures))
+    print(f"repeats: {out_dir / repeats.FILE_NAME}")
+    return status
 
 
 def cmd_arms(args: argparse.Namespace) -> int:

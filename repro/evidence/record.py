@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from repro import grading, witness
+from repro import confidence, grading, witness
 from repro.arms.common import ArmResult, RunRecord
 from repro.artifact import SCHEMA_VERSION
 from repro.profiles import Profile
@@ -144,6 +144,9 @@ def fill_result(
     }
     doc["witness"] = witness_section(result, doc["figures"]["waves"])
     doc["verdict"] = verdict_section(verdict)
+    sure = confidence.of_document(doc)
+    if sure is not None:
+        doc["verdict"]["confidence"] = sure
 
 
 def witness_section(result: ArmResult, waves: list[dict[str, Any]]) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from repro import __version__, witness
+from repro import __version__, confidence, witness
 from repro.evidence.runs import ARM_ORDER, Run
 
 ARM_TITLES = {"cold-race": "Cold-race", "multi-turn": "Multi-turn"}
@@ -111,6 +111,11 @@ def result_text(doc: dict[str, Any]) -> str:
             text += f" (log-prob threshold {signal['threshold']:.4f})"
         if verdict.get("outcome") == "clean-zero-trigger-hits":
             text += f" · {_zero_trigger_hits(doc)}"
+        # Shown for records that carry one (older ones keep their seed-shaped line), always
+        # re-derived from the figures, never read from the record.
+        sure = confidence.of_document(doc) if "confidence" in verdict else None
+        if sure is not None:
+            text += f" · {confidence_text(sure)}"
         seen = witness.from_document(doc)
         if seen is not None:
             text += f" · {witness.line(seen)}"
@@ -118,6 +123,15 @@ def result_text(doc: dict[str, Any]) -> str:
     if status == "inconclusive":
         return f"{mark} **inconclusive ({verdict['gate']})**: {verdict['reason']}"
     return f"{mark} **error**: {verdict['reason']}"
+
+
+def confidence_text(sure: dict[str, Any]) -> str:
+    """``p = 0.0083 (Fisher's exact test, one-sided)``, and the knife edge where there is one."""
+    test = {"mcnemar-exact": "McNemar's exact test", "fisher-exact": "Fisher's exact test"}
+    text = f"p = {sure['p_value']:.2g} ({test[sure['test']]}, one-sided)"
+    if sure["knife_edge"]:
+        text += ", knife-edge: one request decides the verdict"
+    return text
 
 
 def _zero_trigger_hits(doc: dict[str, Any]) -> str:
