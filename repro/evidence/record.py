@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from repro import confidence, grading, witness
+from repro import confidence, grading, sensitivity, witness
 from repro.arms.common import ArmResult, RunRecord
 from repro.artifact import SCHEMA_VERSION
 from repro.profiles import Profile
@@ -48,6 +48,7 @@ def base_document(
             "tensor_parallel_size": profile.tensor_parallel_size,
             "device": profile.device,
             "signal": profile.signal,
+            "calibrated_fault_scale": sensitivity.calibrated(profile.name, profile.device, arm),
         },
         "engine": None,
         "geometry": None,
@@ -57,9 +58,18 @@ def base_document(
         "signal": None,
         "figures": None,
         "verdict": None,
-        "fault_injection": {"enabled": fault_kind is not None, "kind": fault_kind},
+        "fault_injection": _fault_section(fault_kind),
         "logs": [],
     }
+
+
+def _fault_section(fault_kind: str | None) -> dict[str, Any]:
+    section: dict[str, Any] = {"enabled": fault_kind is not None, "kind": fault_kind}
+    if fault_kind is not None:
+        from repro.vllm_plugin.fault_injection import fault_scale
+
+        section["scale"] = fault_scale()
+    return section
 
 
 def engine_section(

@@ -25,6 +25,7 @@ silently as a clean run).
 
 from __future__ import annotations
 
+from . import fault_injection
 from .fault_injection import ACCEPTED_FAULTS, ENV_VAR, active_fault, logger
 
 __all__ = [
@@ -61,8 +62,6 @@ def installed_cpu_gdn() -> list[str]:
 
 def installed_fault() -> str | None:
     """The fault installed in this process (``None`` when none is)."""
-    from . import fault_injection
-
     return fault_injection.ACTIVE_FAULT_KIND
 
 
@@ -101,6 +100,8 @@ def register() -> None:
     """Entry point of ``vllm.general_plugins``: cheap, idempotent, safe on any release."""
     global _registered
     fault = active_fault()  # raises ValueError on an unknown value, before anything else
+    if fault is not None:
+        fault_injection.fault_scale()  # and on a scale that is not one
     if _registered:
         return
     _registered = True
@@ -142,8 +143,6 @@ def register() -> None:
             logger.warning("repro plugin: no restore witness in this vLLM: %s", reason)
 
     if fault is not None:
-        from . import fault_injection
-
         try:
             fault_injection.install(fault)
         except Exception as exc:  # noqa: BLE001

