@@ -408,8 +408,13 @@ class Engine:
         """Counter totals once `field_name` has moved past `baseline`, or after `timeout_s`.
 
         Upstream's settled delta: aggregation can lag generate(), so a zero read at once may
-        be a late one; a delta still zero after the wait is a real zero.
+        be a late one; a delta still zero after the wait is a real zero. With the engine core
+        in this process the first read is final: the engine records its statistics inside
+        step(), in this thread, and no step() runs while the arm waits. (On an H200 with
+        async scheduling the probe's counters stayed at 0 / 0 through the whole 30 s.)
         """
+        if self.in_process:
+            return self.counters()
         deadline = time.monotonic() + timeout_s
         current = self.counters()
         while getattr(current - baseline, field_name) <= 0 and time.monotonic() < deadline:
