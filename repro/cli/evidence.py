@@ -14,11 +14,14 @@ import argparse
 import sys
 from pathlib import Path
 
+from repro.errors import ReproError
+
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     bundle = sub.add_parser("bundle", help="write a deterministic evidence bundle of run dirs")
     bundle.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR")
     bundle.add_argument("--out", type=Path, required=True, help="FILE.tar.gz to write")
+    bundle.add_argument("--force", action="store_true", help="replace an existing bundle")
     bundle.add_argument(
         "--created",
         default=None,
@@ -35,11 +38,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     report = sub.add_parser("report", help="Markdown report of runs or bundles")
     report.add_argument("inputs", nargs="+", type=Path, metavar="RUN_DIR|BUNDLE")
     report.add_argument("--out", type=Path, default=None, help="also write it to this file")
+    report.add_argument("--force", action="store_true", help="replace an existing --out file")
 
     compare = sub.add_parser("compare", help="compare two runs (exit 1 when verdicts disagree)")
     compare.add_argument("a", type=Path, metavar="A")
     compare.add_argument("b", type=Path, metavar="B")
     compare.add_argument("--out", type=Path, default=None, help="also write it to this file")
+    compare.add_argument("--force", action="store_true", help="replace an existing --out file")
 
     export = sub.add_parser("export-image", help="save an image with its sha256 and record")
     export.add_argument("image", metavar="IMAGE")
@@ -58,8 +63,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 def cmd_bundle(args: argparse.Namespace) -> int:
     from repro.evidence import bundle
+    from repro.output_paths import check_output
 
     kwargs = {"images_dir": args.images} if args.images else {}
+    check_output(args.out, reads=args.run_dirs, force=args.force)
+    # The bundle's .sha256 beside it is replaced with it: checked the same way.
+    check_output(
+        args.out.with_name(args.out.name + ".sha256"), reads=args.run_dirs, force=args.force
+    )
     result = bundle.build_bundle(args.run_dirs, args.out, created=args.created, **kwargs)
     manifest = result.manifest
     print(
@@ -84,14 +95,29 @@ def _emit(text: str, out: Path | None) -> None:
 
     sys.stdout.write(text)
     if out:
-        write_text_atomic(out, text)
+        try:
+            write_text_atomic(out, text)
+        except OSError as exc:
+            raise ReproError(
+                f"--out {out}: could not be written ({exc.strerror or exc}); the text above is "
+                "complete: name a writable file to keep it"
+            ) from exc
         print(f"[repro] written to {out}", file=sys.stderr)
+
+
+def _check_out(args: argparse.Namespace, reads: list[Path]) -> None:
+    """Refuse an --out that would overwrite or damage something, before any work."""
+    from repro.output_paths import check_output
+
+    if args.out is not None:
+        check_output(args.out, reads=reads, force=args.force)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     from repro.evidence import report
     from repro.evidence.verify import load_runs
 
+    _check_out(args, args.inputs)
     _emit(report.render(load_runs(args.inputs)), args.out)
     return 0
 
@@ -99,6 +125,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from repro.evidence import compare
 
+    _check_out(args, [args.a, args.b])
     result = compare.compare(compare.load_one(args.a), compare.load_one(args.b))
     _emit(result.markdown, args.out)
     return 0 if result.agree else 1

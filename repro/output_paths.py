@@ -1,0 +1,52 @@
+"""Where a command may write the file its `--out` names: never over the user's files.
+
+`report`, `compare` and `bundle` write one file the user names. Before anything is
+computed, the name is checked: its folder must exist, it must not be a directory or a
+special file, it must not sit inside the evidence the command reads (a run directory, a
+bundle), and an existing file is replaced only with `--force`. Each refusal says what was
+expected, what was found and what to do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from repro.errors import ReproError
+
+
+class UnsafeOutput(ReproError):
+    """The `--out` path would lose or damage something, or cannot be written."""
+
+
+def check_output(out: Path, *, reads: Iterable[Path] = (), force: bool = False) -> Path:
+    """`out`, resolved, once it is safe to write; raise UnsafeOutput otherwise.
+
+    `reads`: the inputs the command reads (run directories, bundles, artifacts); `out` may
+    not be one of them or lie inside one. `force`: an existing regular file may be replaced.
+    """
+    if not str(out).strip():
+        raise UnsafeOutput("--out is empty; name the file to write")
+    target = out.resolve()
+    parent = target.parent
+    if not parent.is_dir():
+        raise UnsafeOutput(
+            f"--out {out}: its folder {parent} does not exist; create it or name another file"
+        )
+    if target.is_dir():
+        raise UnsafeOutput(f"--out {out} is a directory; name a file to write inside it")
+    if target.exists() and not target.is_file():
+        raise UnsafeOutput(f"--out {out} exists and is not a regular file; name a new file")
+    for source in reads:
+        source = source.resolve()
+        if target == source or (source.is_dir() and source in target.parents):
+            raise UnsafeOutput(
+                f"--out {out} is inside the evidence this command reads ({source}); writing "
+                "there would change it: name a file outside it"
+            )
+    if target.exists() and not force:
+        raise UnsafeOutput(
+            f"--out {out} exists; the command would replace it. Name a new file, or pass "
+            "--force to replace it"
+        )
+    return target
