@@ -120,9 +120,10 @@ class Profile:
             return self
         if device == "cuda" and self.name in CUDA_VARIANTS:
             return replace(self, **CUDA_VARIANTS[self.name])
-        raise ValueError(
+        raise NoDeviceVariant(
             f"profile {self.name!r} runs on {self.device}; no {device} variant "
-            f"(only {', '.join(sorted(CUDA_VARIANTS))} also run on cuda)"
+            f"(only {', '.join(sorted(CUDA_VARIANTS))} also run on cuda): drop --device "
+            f"or pick one of those profiles"
         )
 
     def engine_env(self) -> dict[str, str]:
@@ -389,11 +390,19 @@ CUDA_VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
+class NoDeviceVariant(ReproError, ValueError):
+    """A profile asked for on a device it has no variant for."""
+
+
+class UnknownProfile(ReproError, ValueError):
+    """A profile name the kit does not have (a ValueError too, for older callers)."""
+
+
 def get_profile(name: str) -> Profile:
     try:
         return PROFILES[name]
     except KeyError:
-        raise ValueError(
+        raise UnknownProfile(
             f"unknown profile {name!r}; expected one of: {', '.join(sorted(PROFILES))}"
         ) from None
 

@@ -18,7 +18,7 @@ EXAMPLE = (
 @pytest.fixture()
 def run(tmp_path) -> Path:
     """A copy of a recorded run directory (a real artifact with its logs)."""
-    source = next(p.parent for p in sorted(EXAMPLE.rglob("cold-race.json")))
+    source = EXAMPLE / "stock"
     return Path(shutil.copytree(source, tmp_path / "run"))
 
 
@@ -85,3 +85,24 @@ def test_bundle_refuses_to_replace_a_bundle_and_its_sha256(run, tmp_path, capsys
 def test_a_report_that_cannot_be_written_says_so(run, capsys):
     assert main(["report", str(run), "--out", "/proc/self/report.md"]) == 2
     assert "could not be written" in capsys.readouterr().err
+
+
+def test_report_and_compare_refuse_a_verdict_the_figures_do_not_give(run, capsys):
+    """A corrupted record relabelled clean (as `bundle` already refuses) is never shown."""
+    import json
+
+    artifact = run / "cold-race.json"
+    doc = json.loads(artifact.read_text())
+    assert doc["verdict"]["status"] == "corrupted"  # the stock 0.26.0 example
+    doc["verdict"] = {
+        "status": "clean",
+        "gate": None,
+        "reason": "forged",
+        "outcome": "clean-engaged",
+    }
+    artifact.write_text(json.dumps(doc))
+    assert main(["report", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "verdict does not follow from its figures" in err and "✅" not in err
+    assert main(["compare", str(run), str(run)]) == 2
+    assert "verdict does not follow from its figures" in capsys.readouterr().err

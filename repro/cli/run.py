@@ -128,7 +128,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", type=Path, help="output directory (default: artifacts/<run id>)")
+    parser.add_argument(
+        "--out", type=_out_dir, help="output directory (default: artifacts/<run id>)"
+    )
     parser.add_argument(
         "--run-id",
         type=_run_id,
@@ -150,7 +152,9 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
         help="replace one engine setting of both runs (recorded in the artifact); "
         "JSON null removes it, e.g. speculative_config=null",
     )
-    parser.add_argument("--arm-timeout", type=float, default=None, help="seconds per arm")
+    parser.add_argument(
+        "--arm-timeout", type=_positive_scale, default=None, help="seconds per arm (above 0)"
+    )
     parser.add_argument(
         "--repeat",
         type=_repeat_count,
@@ -207,6 +211,14 @@ def _positive_scale(text: str) -> float:
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"expected a number above 0, found {text!r}")
     return value
+
+
+def _out_dir(text: str) -> Path:
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            "expected the folder to write the run into, found an empty name"
+        )
+    return Path(text)
 
 
 def cmd_sensitivity(args: argparse.Namespace) -> int:
@@ -508,6 +520,11 @@ def _run_profile(settings: RunSettings, profile, *, model_path: str | None) -> i
     from repro import runner
 
     if model_path is None and settings.model_path:
+        if not Path(settings.model_path).is_dir():
+            raise ReproError(
+                f"--model-path {settings.model_path}: expected the local model directory "
+                "(config.json and weights), found no such directory"
+            )
         model_path = str(Path(settings.model_path).resolve())
     elif model_path is None and profile.tiny_model is not None:
         recipe = tinymodel.recipe_for(profile.tiny_model)

@@ -233,7 +233,7 @@ def load_runs(paths: list[Path]) -> list[Run]:
     runs: list[Run] = []
     for path in paths:
         if path.is_dir():
-            runs.append(load_run_dir(path))
+            runs.append(_graded_as_recorded(load_run_dir(path)))
         elif is_bundle(path):
             runs.extend(load_bundle(path))
         elif path.exists():
@@ -248,6 +248,22 @@ def load_runs(paths: list[Path]) -> list[Run]:
         if labels.count(run.label) > 1:
             run.label = f"{run.label} ({run.source})"
     return runs
+
+
+def _graded_as_recorded(run: Run) -> Run:
+    """`run`, once each recorded verdict follows from its figures (as `bundle` and `verify`
+    require): a reader must never show a verdict the figures do not give."""
+    from repro.evidence.verdicts import check_verdict
+
+    for arm, doc in run.documents.items():
+        problems = check_verdict(doc).problems
+        if problems:
+            lines = "\n".join(f"  - {p}" for p in problems)
+            raise EvidenceError(
+                f"{run.source}: the {arm} record's verdict does not follow from its figures, so "
+                f"it is not shown:\n{lines}\nRe-run the arm rather than edit its record."
+            )
+    return run
 
 
 def load_bundle(path: Path) -> list[Run]:
