@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from repro.cli import main
@@ -40,3 +42,36 @@ def test_names_the_kit_does_not_know_are_refused_without_a_traceback(
     err = capsys.readouterr().err
     assert expected in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+def test_validate_names_each_unreadable_file_and_checks_the_rest(tmp_path, capsys):
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000)
+    latin = tmp_path / "latin1.json"
+    latin.write_bytes('{"a": "caf\u00e9"}'.encode("latin-1"))
+    utf16 = tmp_path / "utf16.json"  # JSON's own encoding detection reads it: schema-checked
+    utf16.write_bytes('{"a": 1}'.encode("utf-16"))
+    folder = tmp_path / "folder.json"
+    folder.mkdir()
+    loop = tmp_path / "loop.json"
+    loop.symlink_to(tmp_path / "loop2.json")
+    (tmp_path / "loop2.json").symlink_to(loop)
+    good = next((Path(__file__).parent.parent / "artifacts" / "examples").rglob("cold-race.json"))
+    files = [deep, latin, utf16, folder, loop, tmp_path / "missing.json", good]
+    assert main(["validate", *map(str, files)]) == 1
+    out = capsys.readouterr().out
+    assert "nested deeper than can be read" in out
+    assert "not UTF-8 text" in out
+    assert f"{utf16}: INVALID" in out
+    assert "a directory; expected a JSON file" in out
+    assert "cannot be read" in out and "no such file" in out
+    assert f"{good}: valid" in out
+    assert "Traceback" not in out
+
+
+def test_a_run_directory_with_a_bottomless_record_is_refused_by_name(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "cold-race.json").write_text("[" * 100_000)
+    assert main(["report", str(run)]) == 2
+    assert "nested deeper than can be read" in capsys.readouterr().err

@@ -54,15 +54,19 @@ def cmd_kit_digest(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from repro.artifact import ArtifactInvalid, validate_artifact
+    from repro.jsonread import JSONUnreadable, read_json
 
     bad = 0
-    for path in args.files:
+    for path in args.files:  # one bad file does not stop the others from being checked
         try:
-            validate_artifact(json.loads(path.read_text()))
+            validate_artifact(read_json(path))
             print(f"{path}: valid")
-        except (ArtifactInvalid, json.JSONDecodeError) as exc:
+        except (ArtifactInvalid, JSONUnreadable) as exc:
             bad += 1
             print(f"{path}: INVALID\n{exc}")
+        except RecursionError:
+            bad += 1
+            print(f"{path}: INVALID\nnested deeper than the schema check can follow")
     return 1 if bad else 0
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from repro.artifact import schema_violations
 from repro.errors import ReproError
+from repro.jsonread import JSONUnreadable, parse_json_bytes, read_json
 
 ARM_ORDER = ("cold-race", "multi-turn")
 IMAGE_RECORD_NAME = "image-record.json"
@@ -148,22 +149,28 @@ def _arm_rank(arm: str) -> tuple[int, str]:
 def parse_json(data: bytes, where: str, kind: str) -> dict[str, Any]:
     """Parse ``data`` and validate it against the schema of ``kind``; raise naming ``where``."""
     try:
-        doc = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise EvidenceError(f"{where}: not JSON ({exc})") from exc
+        doc = parse_json_bytes(data, where)
+    except JSONUnreadable as exc:
+        raise EvidenceError(str(exc)) from None
     _require_valid(doc, SCHEMA_OF_KIND[kind], where)
     return doc
 
 
 def _read_json(file: Path) -> Any:
     try:
-        return json.loads(file.read_bytes())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise EvidenceError(f"{file}: not JSON ({exc})") from exc
+        return read_json(file)
+    except JSONUnreadable as exc:
+        raise EvidenceError(str(exc)) from None
 
 
 def _require_valid(doc: Any, schema: str, where: str) -> None:
-    violations = schema_violations(doc, schema)
+    try:
+        violations = schema_violations(doc, schema)
+    except RecursionError:
+        raise EvidenceError(
+            f"{where}: nested deeper than the schema check can follow; not a record of the "
+            "kit's shape"
+        ) from None
     if violations:
         lines = "\n".join(f"  - {v}" for v in violations)
         raise EvidenceError(
