@@ -407,15 +407,35 @@ def get_profile(name: str) -> Profile:
         ) from None
 
 
+# Settings the kit sets from its own flags: an override would make the record lie about them.
+KIT_SET_SETTINGS = ("model",)
+
+
 def parse_overrides(items: list[str]) -> dict[str, Any]:
-    """``--override KEY=JSON`` values as engine settings (``Profile.with_overrides``)."""
+    """``--override KEY=JSON`` values as engine settings (``Profile.with_overrides``).
+
+    A value that starts like JSON (``{``, ``[``, ``"``, a digit, ``-``) must be JSON; any
+    other is taken as a bare string (``dtype=bfloat16``).
+    """
     overrides = {}
     for item in items:
         key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ReproError(f"--override expects KEY=JSON, got {item!r}")
+        if not sep or not key.isidentifier():
+            raise ReproError(
+                f"--override expects KEY=JSON with KEY an engine argument's name, got {item!r}"
+            )
+        if key in KIT_SET_SETTINGS:
+            raise ReproError(
+                f"--override {key}=...: the kit sets {key!r} itself (use --model-path for the "
+                "model), so the record would not say what ran"
+            )
         try:
             overrides[key] = json.loads(raw)
-        except json.JSONDecodeError:
+        except json.JSONDecodeError as exc:
+            if raw[:1] in '{["-' or raw[:1].isdigit() or raw in ("true", "false", "null"):
+                raise ReproError(
+                    f"--override {key}={raw}: expected a JSON value ({exc.msg} at column "
+                    f"{exc.colno}); quote a string as JSON, e.g. {key}='\"text\"'"
+                ) from None
             overrides[key] = raw  # a bare string such as dtype=bfloat16
     return overrides

