@@ -13,6 +13,7 @@ import json
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 from repro.atomicio import sha256_file
@@ -86,6 +87,27 @@ def apply_patch(patch: Path, site_packages: Path) -> dict[str, str]:
 
     write_json_atomic(record, [*previous, applied])
     return applied
+
+
+def apply_patches(patches: list[Path], site_packages: Path) -> list[dict[str, str]]:
+    """Apply every patch in order, or none: all of them are first applied, in order, to a
+    scratch copy of the files they touch, so a later patch that fails (or that only fails
+    after an earlier one) leaves the site as it was."""
+    patches = [Path(p).resolve() for p in patches]
+    with tempfile.TemporaryDirectory(prefix="repro-patch-") as scratch:
+        for patch in patches:
+            check_python_only(patch)
+            for name in targets(patch):
+                source, copy = Path(site_packages) / name, Path(scratch) / name
+                if source.is_file() and not copy.exists():
+                    copy.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(source, copy)
+        for patch in patches:
+            base = check_applies(patch, Path(scratch))
+            trial = subprocess.run(base, capture_output=True, text=True)
+            if trial.returncode != 0:
+                raise PatchError(_describe_failure(patch, trial.stdout + trial.stderr))
+    return [apply_patch(patch, site_packages) for patch in patches]
 
 
 def applied_patches() -> list[dict[str, str]]:

@@ -107,3 +107,25 @@ def test_runs_find_the_patches_of_the_vllm_they_import(tmp_path, site, monkeypat
     assert patching.applied_patches() == []
     record = patching.apply_patch(write(tmp_path, "fix.diff", GOOD), site)
     assert patching.applied_patches() == [record]
+
+
+def test_several_patches_apply_all_or_none(tmp_path, site, capsys):
+    """`patch --site S good.diff stale.diff` once left good.diff applied."""
+    from repro.cli import main
+
+    good = write(tmp_path, "good.diff", GOOD)
+    stale = write(tmp_path, "stale.diff", BAD)
+    assert main(["patch", "--site", str(site), str(good), str(stale)]) == 2
+    assert "stale.diff" in capsys.readouterr().err
+    assert (site / "vllm/v1/core/sched.py").read_text() == ORIGINAL
+    assert not (site / patching.RECORD_NAME).exists()
+    # A second patch that applies only after the first is checked in order, on a scratch copy.
+    after = write(
+        tmp_path,
+        "after.diff",
+        GOOD.replace("return n // 2", "return n - n % 16", 1).replace(
+            "+    return n - n % 16", "+    return n - n % 32"
+        ),
+    )
+    assert main(["patch", "--site", str(site), str(good), str(after)]) == 0
+    assert "n - n % 32" in (site / "vllm/v1/core/sched.py").read_text()

@@ -53,8 +53,8 @@ def cmd_releases(args: argparse.Namespace) -> int:
 def cmd_patch(args: argparse.Namespace) -> int:
     from repro import patching
 
-    for path in args.files:
-        record = patching.apply_patch(path, args.site)
+    # All or none: a later file that does not apply leaves the earlier ones unapplied too.
+    for record in patching.apply_patches(args.files, args.site):
         print(f"applied {record['path']} (sha256 {record['sha256']}) to {args.site}")
     return 0
 
