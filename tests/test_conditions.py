@@ -106,3 +106,33 @@ def test_flags_make_one_condition_per_release():
     )
     assert [i.name for i in items] == ["0.28.0+fault", "0.32.0+fault"]
     assert all(i.inject_fault and i.overrides == {"seed": 1} for i in items)
+
+
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        (
+            '[[condition]]\nname = "a"\nvllm = "0.32.0"\nprofile = ["tiny"]\n',
+            "line 4: unknown profile",
+        ),
+        (
+            '[[condition]]\nname = "a"\nvllm = "0.32.0"\noverrides = { seed = 1979-05-27 }\n',
+            "line 4: overrides.seed must be a JSON value",
+        ),
+    ],
+)
+def test_values_of_the_wrong_kind_are_bad_conditions_naming_their_line(tmp_path, body, expected):
+    path = tmp_path / "c.toml"
+    path.write_text(body)
+    (item,) = conditions.load(path)
+    assert isinstance(item, BadCondition) and expected in item.problem
+
+
+def test_a_file_that_is_not_conditions_or_not_utf8_stops_with_its_line(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text("condition = [1, 2]\n")
+    with pytest.raises(ConditionsFileError, match="line 1.*must be \\[\\[condition\\]\\] tables"):
+        conditions.load(path)
+    path.write_bytes(b'[[condition]]\nname = "caf\xe9"\n')
+    with pytest.raises(ConditionsFileError, match="line 2 is not UTF-8 text"):
+        conditions.load(path)

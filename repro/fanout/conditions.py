@@ -103,6 +103,12 @@ def load(path: Path) -> list[Condition | BadCondition]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConditionsFileError(f"cannot read the conditions file {path}: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[: exc.start].count(b"\n") + 1
+        raise ConditionsFileError(
+            f"{path}: line {line} is not UTF-8 text ({exc.reason}); TOML files are UTF-8: "
+            "save it as UTF-8 and re-run"
+        ) from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -119,6 +125,11 @@ def load(path: Path) -> list[Condition | BadCondition]:
         )
     if not isinstance(tables, list) or not tables:
         raise ConditionsFileError(f"{path}: no [[condition]] tables; add one per matrix row")
+    if not all(isinstance(t, dict) for t in tables):
+        raise ConditionsFileError(
+            f"{path} (line {_line_of_key(text, 'condition', 0, len(text))}): 'condition' must "
+            f"be [[condition]] tables, found {tables!r}"
+        )
     spans = _table_spans(text)
     out: list[Condition | BadCondition] = []
     seen: set[str] = set()
@@ -178,8 +189,17 @@ def _condition(
     overrides = table.get("overrides", {})
     if not isinstance(overrides, dict):
         return bad(f"overrides must be a table of engine settings, got {overrides!r}", "overrides")
+    for key, value in overrides.items():
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            return bad(
+                f"overrides.{key} must be a JSON value (string, number, true/false, list or "
+                f"table), got the TOML {type(value).__name__} {value!r}; quote it as a string",
+                "overrides",
+            )
     profile = table.get("profile", "tiny")
-    if profile not in PROFILES:
+    if not isinstance(profile, str) or profile not in PROFILES:
         return bad(
             f"unknown profile {profile!r}; expected one of {', '.join(sorted(PROFILES))}",
             "profile",
