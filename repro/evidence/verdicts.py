@@ -251,3 +251,16 @@ def _show(status: str, gate: str | None) -> str:
 
 
 __all__ = ["VerdictCheck", "check_verdict"]
+
+
+def require_verdict_follows(doc: dict[str, Any], where: str, advice: str) -> None:
+    """Raise EvidenceError, naming `where` and saying `advice`, unless the recorded verdict
+    follows from the recorded figures (what bundle, report and compare all require)."""
+    from repro.evidence.runs import EvidenceError
+
+    problems = check_verdict(doc).problems
+    if problems:
+        lines = "\n".join(f"  - {p}" for p in problems)
+        raise EvidenceError(
+            f"{where}: its verdict does not follow from its figures:\n{lines}\n{advice}"
+        )

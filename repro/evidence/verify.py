@@ -251,18 +251,16 @@ def load_runs(paths: list[Path]) -> list[Run]:
 
 
 def _graded_as_recorded(run: Run) -> Run:
-    """`run`, once each recorded verdict follows from its figures (as `bundle` and `verify`
-    require): a reader must never show a verdict the figures do not give."""
-    from repro.evidence.verdicts import check_verdict
+    """`run`, once each recorded verdict follows from its figures: a reader must never show
+    a verdict the figures do not give."""
+    from repro.evidence.verdicts import require_verdict_follows
 
     for arm, doc in run.documents.items():
-        problems = check_verdict(doc).problems
-        if problems:
-            lines = "\n".join(f"  - {p}" for p in problems)
-            raise EvidenceError(
-                f"{run.source}: the {arm} record's verdict does not follow from its figures, so "
-                f"it is not shown:\n{lines}\nRe-run the arm rather than edit its record."
-            )
+        require_verdict_follows(
+            doc,
+            f"{run.source}/{run.artifact_names.get(arm, arm)}",
+            "It is not shown; re-run the arm rather than edit its record.",
+        )
     return run
 
 
