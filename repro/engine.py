@@ -28,6 +28,9 @@ COUNTER_NAMES = {
     "spec_decode_num_drafts": "vllm:spec_decode_num_drafts",
     "spec_decode_num_draft_tokens": "vllm:spec_decode_num_draft_tokens",
     "spec_decode_num_accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
+    # What an attached KV connector was asked for and supplied (0 without one).
+    "external_prefix_cache_queries": "vllm:external_prefix_cache_queries",
+    "external_prefix_cache_hits": "vllm:external_prefix_cache_hits",
 }
 
 # With the engine core in another process its statistics arrive asynchronously and lag
@@ -70,6 +73,8 @@ class Counters:
     spec_decode_num_drafts: int = 0
     spec_decode_num_draft_tokens: int = 0
     spec_decode_num_accepted_tokens: int = 0
+    external_prefix_cache_queries: int = 0
+    external_prefix_cache_hits: int = 0
 
     def __sub__(self, other: Counters) -> Counters:
         return Counters(
@@ -114,6 +119,9 @@ class Completion:
     # What the engine restored for this request from the prefix cache, one entry per restore
     # (`repro.vllm_plugin.restore_witness`); None where no witness could report.
     restores: tuple[dict[str, Any], ...] | None = ()
+    # What the kit's probe connector saw the scheduler do for this request
+    # (`repro.vllm_plugin.probe_connector`); None where no probe was attached.
+    connector: dict[str, Any] | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -355,8 +363,13 @@ class Engine:
         progress.emit("wave", run=self._label, index=self._waves, requests=len(batch))
         outputs = self.llm.generate(batch, params, use_tqdm=_progress_bar(self.llm))
         restores = self._restores()
+        probe = _probe_records()
         return [
-            _completion(out, None if restores is None else _own(restores, out.request_id))
+            _completion(
+                out,
+                None if restores is None else _own(restores, out.request_id),
+                connector=probe(out.request_id) if probe else None,
+            )
             for out in outputs
         ]
 
@@ -543,7 +556,20 @@ def _own(restores: list[dict[str, Any]], request_id: str) -> tuple[dict[str, Any
     )
 
 
-def _completion(output, restores: tuple[dict[str, Any], ...] | None = ()) -> Completion:
+def _probe_records():
+    """The probe connector's reader, where the probe is loaded in this process."""
+    import sys
+
+    module = sys.modules.get("repro.vllm_plugin.probe_connector")
+    return getattr(module, "take", None)
+
+
+def _completion(
+    output,
+    restores: tuple[dict[str, Any], ...] | None = (),
+    *,
+    connector: dict[str, Any] | None = None,
+) -> Completion:
     sample = output.outputs[0]
     first: dict[int, float] = {}
     if sample.logprobs:
@@ -557,6 +583,7 @@ def _completion(output, restores: tuple[dict[str, Any], ...] | None = ()) -> Com
         num_cached_tokens=int(output.num_cached_tokens or 0),
         first_logprobs=first,
         restores=restores,
+        connector=connector,
     )
 
 
