@@ -103,6 +103,8 @@ class RequestResult:
     control_answer: str | None = None
     # What the engine restored for the APC request (`repro.witness`); not read by the grading.
     restores: tuple[dict, ...] | None = ()
+    # What the kit's probe connector saw the scheduler do (`repro.ladder`); not graded.
+    connector: dict | None = None
 
     @property
     def read_cache(self) -> bool:

@@ -95,6 +95,8 @@ class RunContext:
     overrides: dict[str, Any]
     fault_kind: str | None
     environment: Environment | None = None
+    # The KV connector of the APC run (`repro.connectors.Connector.to_json`), or None.
+    connector: dict[str, Any] | None = None
 
     @classmethod
     def new(
@@ -107,6 +109,7 @@ class RunContext:
         model_path: str,
         overrides: dict[str, Any],
         fault_kind: str | None,
+        connector: dict[str, Any] | None = None,
     ) -> RunContext:
         """The context of ``arm`` in run ``run_id``, started now, with this kit's facts."""
         return cls(
@@ -121,6 +124,7 @@ class RunContext:
             model_path=model_path,
             overrides=dict(overrides),
             fault_kind=fault_kind,
+            connector=connector,
         )
 
     def started(self, at: str) -> RunContext:

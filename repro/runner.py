@@ -28,7 +28,7 @@ import traceback
 from pathlib import Path
 from typing import Any, NoReturn
 
-from repro import engine_env, evidence, gpu_host, grading, progress, redaction
+from repro import connectors, engine_env, evidence, gpu_host, grading, progress, redaction
 from repro.artifact import (
     ArtifactContainsSecrets,
     ArtifactInvalid,
@@ -70,6 +70,7 @@ def run_profile(
     arm_timeout_s: float = DEFAULT_ARM_TIMEOUT_S,
     command: list[str] | None = None,
     verbose: bool = False,
+    connector: connectors.Connector | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Run the arms in one engine process; return the written documents by arm."""
     check_writable(out_dir)
@@ -86,6 +87,7 @@ def run_profile(
             model_path=model_path,
             overrides=overrides,
             fault_kind=fault_kind,
+            connector=connector.to_json() if connector else None,
         )
         for arm in arms
     }
@@ -471,19 +473,23 @@ def _run_one_arm(arm: str, context: RunContext, out_dir: Path, phases: dict) -> 
     started = time.monotonic()
     phase = "arm"
     try:
-        result = ARM_RUNNERS[arm](profile, context.model_path, timer)
+        connector = connectors.Connector.from_json(context.connector)
+        connectors.check_loadable(connector)
+        result = ARM_RUNNERS[arm](profile, context.model_path, timer, connector=connector)
         phase = "grading"
         progress.emit("phase", name="grading")
-        verdict = grading.grade(
-            signal=profile.signal,
-            waves=result.waves,
-            engagement=result.engagement,
-            liveness=result.liveness,
-            extra_noise=result.extra_noise,
-            rules=grading.RULES_UPSTREAM,
-            require_hits=grading.requires_hits(arm, grading.RULES_UPSTREAM),
-        )
+        verdict = _grade(arm, profile, result)
         evidence.fill_result(doc, result, verdict, context=context, environment=environment)
+        if connector is not None:
+            doc["connector"] = connectors.identity(connector)
+            reference = result.reference
+            doc["ladder"] = evidence.ladder_section(
+                doc,
+                reference,
+                _grade(arm, profile, reference),
+                context=context,
+                environment=environment,
+            )
         doc["run"]["phases_s"] = {k: round(v, 3) for k, v in timer.seconds.items()}
         _check_fault_active(doc, faults_before)
     except NotEvidence as exc:
@@ -511,6 +517,19 @@ def _run_one_arm(arm: str, context: RunContext, out_dir: Path, phases: dict) -> 
         f"[repro] {arm}: {doc['verdict']['status']}"
         f"{' (' + doc['verdict']['gate'] + ')' if doc['verdict']['gate'] else ''}"
         f" - {doc['verdict']['reason']}"
+    )
+
+
+def _grade(arm: str, profile: Profile, result) -> grading.Verdict:
+    """Upstream's rules on one APC run against its control (each rung of a ladder alike)."""
+    return grading.grade(
+        signal=profile.signal,
+        waves=result.waves,
+        engagement=result.engagement,
+        liveness=result.liveness,
+        extra_noise=result.extra_noise,
+        rules=grading.RULES_UPSTREAM,
+        require_hits=grading.requires_hits(arm, grading.RULES_UPSTREAM),
     )
 
 

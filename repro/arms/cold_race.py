@@ -27,12 +27,16 @@ from repro.arms.common import (
     derive_block_size,
     engagement_of,
     fixed_sampling,
+    ladder_rungs,
     record,
     run_wave,
     start_engine,
+    with_reference,
 )
+from repro.connectors import Connector
 from repro.profiles import Profile
 
+ARM = "cold-race"
 # Counter entries of the APC run: the two graded waves, then the probe's three steps.
 TRIGGER_WAVES = ["wave1", "wave2"]
 PROBE_BASELINE = "liveness_baseline"  # the probe manual and fact 0: caches the probe
@@ -82,57 +86,106 @@ def _prompt_tokens(manual: prompts.Manual, count_tokens) -> int:
     return count_tokens(manual.prompt(prompts.cold_race_waves(manual, 1).wave1_vault))
 
 
-def run_cold_race(profile: Profile, model_path: str, timer: PhaseTimer | None = None) -> ArmResult:
+def run_cold_race(
+    profile: Profile,
+    model_path: str,
+    timer: PhaseTimer | None = None,
+    connector: Connector | None = None,
+) -> ArmResult:
+    """The arm; with a `connector`, the ladder: the APC run without it (the reference) and
+    with it, each graded against the one control (`repro.arms.common.ladder`)."""
     timer = timer or PhaseTimer()
-    arm = "cold-race"
     block_size = derive_block_size(profile, model_path, timer)
+    prepared: dict = {}
+    runs = [
+        _apc_run(profile, model_path, timer, block_size, prepared, rung)
+        for rung in ladder_rungs(connector)
+    ]
     with start_engine(
-        profile, model_path, arm=arm, prefix_caching=True, mamba_block_size=block_size
+        profile, model_path, arm=ARM, prefix_caching=False, mamba_block_size=block_size
+    ) as engine:
+        timer.add("boot", engine.boot_seconds)
+        control = record(engine)
+        waves = prepared["waves"]
+        sampling = prepared["sampling"]
+        ctl_w1, control.counters["wave1"] = run_wave(engine, waves.wave1, sampling, timer)
+        ctl_w2, control.counters["wave2"] = run_wave(engine, waves.wave2, sampling, timer)
+    results = [_result(profile, prepared, run, control, ctl_w1, ctl_w2, timer) for run in runs]
+    return with_reference(results)
+
+
+def _apc_run(profile, model_path, timer, block_size, prepared: dict, connector) -> dict:
+    """One APC run of the arm; the first one also sizes the prompts (into `prepared`)."""
+    with start_engine(
+        profile,
+        model_path,
+        arm=ARM,
+        prefix_caching=True,
+        mamba_block_size=block_size,
+        connector=connector,
     ) as engine:
         timer.add("boot", engine.boot_seconds)
         with timer.phase("prepare"):
             geo = engine.geometry()
-            b = geo.mamba_block_size
-            sizes = geometry.cold_race_sizes(
-                b,
-                max_num_batched_tokens=geo.max_num_batched_tokens,
-                max_model_len=profile.max_model_len,
-            )
-            manual, manual_tokens = cold_race_manual(
-                profile, sizes, engine.count_tokens, budget=geo.max_num_batched_tokens
-            )
-            geometry.check_cold_race_manual(manual_tokens, b)
-            probe, probe_tokens = prompts.sized_manual(
-                target_tokens=sizes.liveness_manual_tokens, count_tokens=engine.count_tokens
-            )
-            waves = prompts.cold_race_waves(manual, geometry.COLD_RACE_IDENTICAL_PROMPTS)
-            sampling = answer_sampling(profile)
-            probe_answer = fixed_sampling(profile, geometry.LIVENESS_ANSWER_TOKENS)
-            probe_decode = fixed_sampling(profile, geometry.LIVENESS_DECODE_TOKENS)
+            if not prepared:
+                prepared.update(_prepare(profile, engine, geo), geometry=geo)
+            elif geo != prepared["geometry"]:
+                raise RuntimeError(
+                    f"the APC run with the connector booted another geometry ({geo}) than "
+                    f"the one without it ({prepared['geometry']}); the rungs cannot be compared"
+                )
+        waves, sampling = prepared["waves"], prepared["sampling"]
+        manual, probe = prepared["manual"], prepared["probe"]
         apc = record(engine)
         apc_w1, apc.counters["wave1"] = run_wave(engine, waves.wave1, sampling, timer)
         apc_w2, apc.counters["wave2"] = run_wave(engine, waves.wave2, sampling, timer)
 
-        _, apc.counters[PROBE_BASELINE] = run_wave(engine, [probe.prompt(0)], probe_answer, timer)
+        _, apc.counters[PROBE_BASELINE] = run_wave(
+            engine, [probe.prompt(0)], prepared["probe_answer"], timer
+        )
         baseline = engine.counters()
         with timer.phase("generate"):
-            second = engine.generate([probe.prompt(1)], probe_answer)
+            second = engine.generate([probe.prompt(1)], prepared["probe_answer"])
             decodes = engine.generate(
-                [manual.prompt(0)] * geometry.LIVENESS_DECODE_COPIES, probe_decode
+                [manual.prompt(0)] * geometry.LIVENESS_DECODE_COPIES, prepared["probe_decode"]
             )
         with timer.phase("counters"):
             # Upstream reads the probe's hits only after the long decode, and waits for them.
             apc.counters[PROBE] = engine.counters_moved(baseline, "prefix_cache_hits") - baseline
         apc.witness = dict(engine.witness_status)
+    return {"apc": apc, "wave1": apc_w1, "wave2": apc_w2, "probe": second + decodes}
 
-    with start_engine(
-        profile, model_path, arm=arm, prefix_caching=False, mamba_block_size=block_size
-    ) as engine:
-        timer.add("boot", engine.boot_seconds)
-        control = record(engine)
-        ctl_w1, control.counters["wave1"] = run_wave(engine, waves.wave1, sampling, timer)
-        ctl_w2, control.counters["wave2"] = run_wave(engine, waves.wave2, sampling, timer)
 
+def _prepare(profile: Profile, engine, geo) -> dict:
+    """The arm's prompts and samplings, sized on the booted engine's geometry."""
+    b = geo.mamba_block_size
+    sizes = geometry.cold_race_sizes(
+        b, max_num_batched_tokens=geo.max_num_batched_tokens, max_model_len=profile.max_model_len
+    )
+    manual, manual_tokens = cold_race_manual(
+        profile, sizes, engine.count_tokens, budget=geo.max_num_batched_tokens
+    )
+    geometry.check_cold_race_manual(manual_tokens, b)
+    probe, probe_tokens = prompts.sized_manual(
+        target_tokens=sizes.liveness_manual_tokens, count_tokens=engine.count_tokens
+    )
+    return {
+        "manual": manual,
+        "manual_tokens": manual_tokens,
+        "probe": probe,
+        "probe_tokens": probe_tokens,
+        "waves": prompts.cold_race_waves(manual, geometry.COLD_RACE_IDENTICAL_PROMPTS),
+        "sampling": answer_sampling(profile),
+        "probe_answer": fixed_sampling(profile, geometry.LIVENESS_ANSWER_TOKENS),
+        "probe_decode": fixed_sampling(profile, geometry.LIVENESS_DECODE_TOKENS),
+    }
+
+
+def _result(profile, prepared, run, control, ctl_w1, ctl_w2, timer) -> ArmResult:
+    """One APC run graded against the control."""
+    geo, manual, waves = prepared["geometry"], prepared["manual"], prepared["waves"]
+    apc, apc_w1, apc_w2, probe_runs = run["apc"], run["wave1"], run["wave2"], run["probe"]
+    manual_tokens, probe_tokens = prepared["manual_tokens"], prepared["probe_tokens"]
     needle = profile.signal == "needle"
     codes_w1 = [manual.codes[waves.wave1_vault]] * len(waves.wave1) if needle else None
     codes_w2 = [manual.codes[v] for v in waves.wave2_vaults] if needle else None
@@ -145,14 +198,14 @@ def run_cold_race(profile: Profile, model_path: str, timer: PhaseTimer | None = 
     control_spread = grading.self_spread([c.first_logprobs for c in ctl_w1])
     live = apc.counters[PROBE]
     return ArmResult(
-        arm=arm,
+        arm=ARM,
         geometry=geo,
         prompt_tokens={
             "manual": [manual_tokens],
             "wave1": [c.num_prompt_tokens for c in apc_w1],
             "wave2": [c.num_prompt_tokens for c in apc_w2],
             "liveness_manual": [probe_tokens],
-            "liveness": [c.num_prompt_tokens for c in second + decodes],
+            "liveness": [c.num_prompt_tokens for c in probe_runs],
         },
         waves=graded_waves,
         apc=apc,
@@ -161,7 +214,7 @@ def run_cold_race(profile: Profile, model_path: str, timer: PhaseTimer | None = 
             prompt_tokens=probe_tokens,
             hits=live.prefix_cache_hits,
             queries=live.prefix_cache_queries,
-            cached_tokens=sum(c.num_cached_tokens or 0 for c in second + decodes),
+            cached_tokens=sum(c.num_cached_tokens or 0 for c in probe_runs),
         ),
         extra_noise=control_spread,
         engagement=engagement_of(

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from repro import geometry, grading, prompts
+from repro.connectors import Connector
 from repro.engine import Completion, Counters, Engine, Geometry, Sampling
 from repro.profiles import Profile
 
@@ -38,6 +40,23 @@ class ArmResult:
     engagement: grading.Engagement
     phases: dict[str, float]
     extra: dict[str, Any] = field(default_factory=dict)
+    # With a connector attached: this result is the APC run with it, and `reference` the
+    # APC run without it, graded against the same control (the connector ladder).
+    reference: ArmResult | None = None
+
+
+def ladder_rungs(connector: Connector | None) -> list[Connector | None]:
+    """The APC runs of an arm: one, or the reference without the connector and then the run
+    with it (the control, APC off, never has one: vLLM's connectors need the prefix cache's
+    block hashes, and the control is the run that reads nothing from any cache)."""
+    return [None] if connector is None else [None, connector]
+
+
+def with_reference(results: list[ArmResult]) -> ArmResult:
+    """The result of record (the last rung), carrying the reference rung where there is one."""
+    if len(results) == 1:
+        return results[0]
+    return dataclasses.replace(results[-1], reference=results[0])
 
 
 class PhaseTimer:
@@ -65,14 +84,19 @@ def start_engine(
     arm: str,
     prefix_caching: bool,
     mamba_block_size: int | None = None,
+    connector: Connector | None = None,
 ) -> Engine:
     """An engine for one run of an arm; `mamba_block_size` is B as derived before boot
-    (`derive_block_size`), which sizes the budget and which the booted engine must confirm."""
+    (`derive_block_size`), which sizes the budget and which the booted engine must confirm;
+    `connector` is attached to it (APC runs only)."""
+    settings = profile.engine_settings(
+        arm=arm, prefix_caching=prefix_caching, mamba_block_size=mamba_block_size
+    )
+    if connector is not None:
+        settings.update(connector.engine_settings())
     return Engine(
         model=model_path,
-        settings=profile.engine_settings(
-            arm=arm, prefix_caching=prefix_caching, mamba_block_size=mamba_block_size
-        ),
+        settings=settings,
         optional_settings=profile.optional_settings,
         env=profile.engine_env(),
         expected_mamba_block_size=mamba_block_size,
@@ -172,6 +196,7 @@ def compare_wave(
                 apc_answer=a.text if codes else None,
                 control_answer=c.text if codes else None,
                 restores=a.restores,
+                connector=a.connector,
             )
         )
     return grading.Wave(

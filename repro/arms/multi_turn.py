@@ -24,70 +24,129 @@ from repro.arms.common import (
     answer_sampling,
     compare_wave,
     engagement_of,
+    ladder_rungs,
     record,
     run_wave,
     start_engine,
+    with_reference,
 )
+from repro.connectors import Connector
 from repro.engine import Sampling
 from repro.profiles import Profile
 
+ARM = "multi-turn"
 
-def run_multi_turn(profile: Profile, model_path: str, timer: PhaseTimer | None = None) -> ArmResult:
+
+def run_multi_turn(
+    profile: Profile,
+    model_path: str,
+    timer: PhaseTimer | None = None,
+    connector: Connector | None = None,
+) -> ArmResult:
+    """The arm; with a `connector`, the ladder: the APC run without it (the reference) and
+    with it, each graded against the one control (`repro.arms.common.ladder_rungs`)."""
     timer = timer or PhaseTimer()
-    arm = "multi-turn"
-    with start_engine(profile, model_path, arm=arm, prefix_caching=True) as engine:
-        timer.add("boot", engine.boot_seconds)
-        with timer.phase("prepare"):
-            geo = engine.geometry()
-            b = geo.mamba_block_size
-            sizes = geometry.multi_turn_sizes(b, max_model_len=profile.max_model_len)
-            manuals, manual_tokens = first_turn_manuals(profile, sizes, engine.count_tokens)
-            for tokens in set(manual_tokens):
-                geometry.check_multi_turn_manual(sizes, tokens, b)
-            # The shortest manual sets the decode, so that every first turn crosses 2 B.
-            low, high = sizes.first_turn_tokens(b, min(manual_tokens))
-            wave1 = prompts.multi_turn_first(manuals)
-            num_needles = manuals[0].num_needles
-            vaults = [prompts.second_turn_vault(i, num_needles) for i in range(len(wave1))]
-            # min_tokens makes decoding cross the second block boundary (under MTP); the
-            # slack above it only bounds where a real model may stop at EOS. A profile that
-            # ignores EOS (random weights) decodes exactly `low` tokens, the crossing itself.
-            turn_one = Sampling(
-                max_tokens=low if profile.ignore_eos else high,
-                min_tokens=low,
-                ignore_eos=profile.ignore_eos,
-            )
-            turn_two = answer_sampling(profile)
-        apc = record(engine)
-        apc_w1, apc.counters["wave1"] = run_wave(engine, wave1, turn_one, timer)
-        wave2 = _second_turns(engine, profile, wave1, apc_w1, vaults)
-        apc_w2, apc.counters["wave2"] = run_wave(engine, wave2, turn_two, timer)
-        apc.witness = dict(engine.witness_status)
-
-    with start_engine(profile, model_path, arm=arm, prefix_caching=False) as engine:
+    prepared: dict = {}
+    runs = [
+        _apc_run(profile, model_path, timer, prepared, rung) for rung in ladder_rungs(connector)
+    ]
+    with start_engine(profile, model_path, arm=ARM, prefix_caching=False) as engine:
         timer.add("boot", engine.boot_seconds)
         control = record(engine)
-        ctl_w1, control.counters["wave1"] = run_wave(engine, wave1, turn_one, timer)
-        # The control answers the APC run's own second turns: identical inputs, so any
-        # difference comes from reading cached state rather than recomputing it.
-        ctl_w2, control.counters["wave2"] = run_wave(engine, wave2, turn_two, timer)
-
+        ctl_w1, control.counters["wave1"] = run_wave(
+            engine, prepared["wave1"], prepared["turn_one"], timer
+        )
+        # The control answers each APC run's own second turns: identical inputs, so any
+        # difference comes from reading cached state rather than recomputing it. Rungs whose
+        # first turns decoded alike send the same second turns, answered once.
+        answered: list[tuple[list, list, object]] = []
+        for run in runs:
+            known = [a for a in answered if a[0] == run["wave2_prompts"]]
+            if not known:
+                outputs, counted = run_wave(
+                    engine, run["wave2_prompts"], prepared["turn_two"], timer
+                )
+                known = [(run["wave2_prompts"], outputs, counted)]
+                answered += known
+            run["control_wave2"] = known[0][1]
+        control.counters["wave2"] = answered[-1][2]
     codes = (
-        [m.codes[v] for m, v in zip(manuals, vaults, strict=True)]
+        [m.codes[v] for m, v in zip(prepared["manuals"], prepared["vaults"], strict=True)]
         if profile.signal == "needle"
         else None
     )
+    return with_reference([_result(prepared, run, control, ctl_w1, codes, timer) for run in runs])
+
+
+def _apc_run(profile: Profile, model_path: str, timer, prepared: dict, connector) -> dict:
+    """One APC run of the arm; the first one also sizes the prompts (into `prepared`)."""
+    with start_engine(
+        profile, model_path, arm=ARM, prefix_caching=True, connector=connector
+    ) as engine:
+        timer.add("boot", engine.boot_seconds)
+        with timer.phase("prepare"):
+            geo = engine.geometry()
+            if not prepared:
+                prepared.update(_prepare(profile, engine, geo), geometry=geo)
+            elif geo != prepared["geometry"]:
+                raise RuntimeError(
+                    f"the APC run with the connector booted another geometry ({geo}) than "
+                    f"the one without it ({prepared['geometry']}); the rungs cannot be compared"
+                )
+        apc = record(engine)
+        apc_w1, apc.counters["wave1"] = run_wave(
+            engine, prepared["wave1"], prepared["turn_one"], timer
+        )
+        wave2 = _second_turns(engine, profile, prepared["wave1"], apc_w1, prepared["vaults"])
+        apc_w2, apc.counters["wave2"] = run_wave(engine, wave2, prepared["turn_two"], timer)
+        apc.witness = dict(engine.witness_status)
+    return {"apc": apc, "wave1": apc_w1, "wave2": apc_w2, "wave2_prompts": wave2}
+
+
+def _prepare(profile: Profile, engine, geo) -> dict:
+    """The arm's prompts and samplings, sized on the booted engine's geometry."""
+    b = geo.mamba_block_size
+    sizes = geometry.multi_turn_sizes(b, max_model_len=profile.max_model_len)
+    manuals, manual_tokens = first_turn_manuals(profile, sizes, engine.count_tokens)
+    for tokens in set(manual_tokens):
+        geometry.check_multi_turn_manual(sizes, tokens, b)
+    # The shortest manual sets the decode, so that every first turn crosses 2 B.
+    low, high = sizes.first_turn_tokens(b, min(manual_tokens))
+    wave1 = prompts.multi_turn_first(manuals)
+    num_needles = manuals[0].num_needles
+    return {
+        "manuals": manuals,
+        "manual_tokens": manual_tokens,
+        "wave1": wave1,
+        "vaults": [prompts.second_turn_vault(i, num_needles) for i in range(len(wave1))],
+        "first_turn_tokens": [low, high],
+        # min_tokens makes decoding cross the second block boundary (under MTP); the slack
+        # above it only bounds where a real model may stop at EOS. A profile that ignores EOS
+        # (random weights) decodes exactly `low` tokens, the crossing itself.
+        "turn_one": Sampling(
+            max_tokens=low if profile.ignore_eos else high,
+            min_tokens=low,
+            ignore_eos=profile.ignore_eos,
+        ),
+        "turn_two": answer_sampling(profile),
+    }
+
+
+def _result(prepared: dict, run: dict, control, ctl_w1, codes, timer) -> ArmResult:
+    """One APC run graded against the control."""
+    apc, apc_w1, apc_w2 = run["apc"], run["wave1"], run["wave2"]
     waves = [
         # Turn 1 reads no decode-written blocks and asks for no code: recorded (its cold
         # requests give the noise floor), not graded.
         compare_wave("wave1", apc_w1, ctl_w1, codes=None, graded=False),
-        compare_wave("wave2", apc_w2, ctl_w2, codes=codes),
+        compare_wave("wave2", apc_w2, run["control_wave2"], codes=codes),
     ]
+    manuals = prepared["manuals"]
     return ArmResult(
-        arm=arm,
-        geometry=geo,
+        arm=ARM,
+        geometry=prepared["geometry"],
         prompt_tokens={
-            "manual": sorted(set(manual_tokens)),
+            "manual": sorted(set(prepared["manual_tokens"])),
             "wave1": [c.num_prompt_tokens for c in apc_w1],
             "wave2": [c.num_prompt_tokens for c in apc_w2],
         },
@@ -99,8 +158,8 @@ def run_multi_turn(profile: Profile, model_path: str, timer: PhaseTimer | None =
         engagement=engagement_of(apc.counters, ["wave1", "wave2"], apc_w1 + apc_w2),
         phases=timer.seconds,
         extra={
-            "first_turn_tokens": [low, high],
-            "num_needles": num_needles,
+            "first_turn_tokens": prepared["first_turn_tokens"],
+            "num_needles": manuals[0].num_needles,
             "manuals": len(set(manuals)),
         },
     )

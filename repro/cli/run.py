@@ -153,6 +153,20 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
         "JSON null removes it, e.g. speculative_config=null",
     )
     parser.add_argument(
+        "--connector",
+        default=None,
+        metavar="NAME|MODULE:CLASS|PATH.py:CLASS",
+        help="attach a KV connector to the APC run and run the ladder: APC off (control), APC "
+        "on without it, APC on with it. NAME: none, probe, probe-divergent, offloading (CUDA), "
+        "lmcache, nixl (docs/connector.md)",
+    )
+    parser.add_argument(
+        "--connector-config",
+        default=None,
+        metavar="JSON",
+        help="the connector's extra config, a JSON object (kv_connector_extra_config)",
+    )
+    parser.add_argument(
         "--arm-timeout", type=_positive_scale, default=None, help="seconds per arm (above 0)"
     )
     parser.add_argument(
@@ -286,6 +300,8 @@ class RunSettings:
     arm_timeout: float | None = None
     repeat: int = 1
     verbose: bool = False
+    connector: str | None = None
+    connector_config: str | None = None
     container: bool = False
     image: str | None = None
     vllm: str | None = None
@@ -319,6 +335,23 @@ class RunSettings:
 
         return runner.DEFAULT_FAULT_KIND if self.inject_fault else None
 
+    def parsed_connector(self, device: str | None = None):
+        """The connector these settings attach (`repro.connectors`), its syntax and device
+        checked (nothing imported), or None."""
+        from repro import connectors
+
+        connector = connectors.parse(self.connector, self.connector_config)
+        connectors.check_device(connector, device or self.device or "cpu")
+        overrides = parse_overrides(self.override)
+        attached = sorted(set(overrides) & set(connectors.CONNECTOR_SETTINGS))
+        if attached:
+            raise ReproError(
+                f"--override {', '.join(attached)} would attach a connector to the APC-off "
+                "control as well as the APC run; use --connector (MODULE:CLASS or PATH.py:CLASS, "
+                "with --connector-config JSON), which runs the ladder"
+            )
+        return connector
+
     @property
     def arm_timeout_s(self) -> float:
         from repro import runner
@@ -338,6 +371,10 @@ class RunSettings:
             out += ["--override", item]
         if self.arm_timeout:
             out += ["--arm-timeout", str(self.arm_timeout)]
+        if self.connector:
+            out += ["--connector", self.connector]
+        if self.connector_config is not None:
+            out += ["--connector-config", self.connector_config]
         if self.repeat > 1:
             out += ["--repeat", str(self.repeat)]
         if self.verbose:
@@ -363,6 +400,7 @@ def cmd_tiny(args: argparse.Namespace) -> int:
 
     # Flags checked before the engine environment (a multi-GB install) is made.
     parse_overrides(settings.override)
+    settings.parsed_connector()
     if settings.out is not None and settings.out.exists() and not settings.out.is_dir():
         raise ReproError(f"--out {settings.out} is a file; name the folder to write the run into")
     python = engine_env.ensure_engine_env(
@@ -381,6 +419,11 @@ def _run_in_container(settings: RunSettings) -> int:
     from repro.containers import run as container_run
     from repro.profiles import get_profile
 
+    if settings.connector:
+        raise ReproError(
+            "--connector runs the ladder in this host's engine environment; with --container "
+            "it is not supported yet: drop --container (nothing was started)"
+        )
     if settings.repeat > 1:
         raise ReproError(
             f"--repeat {settings.repeat} runs the arms on this host; with --container it is not "
@@ -533,6 +576,12 @@ def _run_model(args: argparse.Namespace, settings: RunSettings) -> int:
 def _run_profile(settings: RunSettings, profile, *, model_path: str | None) -> int:
     from repro import runner
 
+    connector = settings.parsed_connector(profile.device)
+    if connector is not None:
+        from repro import connectors
+
+        connectors.check_loadable(connector)  # vLLM's refusals, before any engine boots
+
     if model_path is None and settings.model_path:
         if not Path(settings.model_path).is_dir():
             raise ReproError(
@@ -571,6 +620,7 @@ def _run_profile(settings: RunSettings, profile, *, model_path: str | None) -> i
             overrides=overrides,
             arm_timeout_s=settings.arm_timeout_s,
             verbose=settings.verbose,
+            connector=connector,
         )
 
     if settings.repeat == 1:

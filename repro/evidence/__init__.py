@@ -17,13 +17,20 @@ The runner builds documents through this package (``evidence.base_document`` …
 names, and ``regrade``, are the package's own.
 """
 
-from repro.evidence.record import base_document, engine_section, fill_result, verdict_section
+from repro.evidence.record import (
+    base_document,
+    engine_section,
+    fill_result,
+    ladder_section,
+    verdict_section,
+)
 from repro.evidence.verdicts import regrade, waves_from_document
 
 __all__ = [
     "base_document",
     "engine_section",
     "fill_result",
+    "ladder_section",
     "regrade",
     "verdict_section",
     "waves_from_document",

@@ -129,6 +129,18 @@ def arm_figures(doc: dict[str, Any]) -> dict[str, Any]:
     live = (doc.get("figures") or {}).get("liveness")
     if live:
         figures["liveness hits"] = live["hits"]
+    section = doc.get("ladder")
+    if isinstance(section, dict):
+        figures["connector"] = (doc.get("connector") or {}).get("spec")
+        figures["ladder finding"] = section.get("finding")
+        figures["without the connector"] = (section["reference"].get("verdict") or {}).get("status")
+        external = section.get("external") or {}
+        figures["connector supplied / asked (tokens)"] = (
+            f"{external.get('hits')} / {external.get('queries')}"
+        )
+        probe = section.get("probe") or {}
+        figures["probe: resumed past the Mamba hit"] = probe.get("resumed_past_mamba")
+        figures["probe: resumed past attention's hit"] = probe.get("resumed_past_attention")
     seen = witness.from_document(doc)
     if seen is not None:
         figures["witness: restores judged"] = seen.restores if seen.status == witness.LIVE else None

@@ -7,9 +7,10 @@ document alone (`repro.evidence.verdicts.regrade`).
 
 from __future__ import annotations
 
+import copy
 from typing import TYPE_CHECKING, Any
 
-from repro import confidence, grading, sensitivity, witness
+from repro import confidence, grading, ladder, sensitivity, witness
 from repro.arms.common import ArmResult, RunRecord
 from repro.artifact import SCHEMA_VERSION
 from repro.profiles import Profile
@@ -159,6 +160,38 @@ def fill_result(
         doc["verdict"]["confidence"] = sure
 
 
+def ladder_section(
+    doc: dict[str, Any],
+    reference: ArmResult,
+    verdict: grading.Verdict,
+    *,
+    context: RunContext,
+    environment: Environment,
+) -> dict[str, Any]:
+    """The connector ladder (`repro.ladder`): the reference rung (APC on, no connector) as
+    its own figures against the same control, and what the connector did on the rung of
+    record. `doc` is already filled with the connector rung."""
+    scratch = copy.deepcopy(doc)
+    fill_result(scratch, reference, verdict, context=context, environment=environment)
+    waves = [w["name"] for w in doc["figures"]["waves"]]
+    return {
+        "control": ladder.CONTROL,
+        "reference": {
+            "settings": scratch["engine"]["apc_run"],
+            "counters": scratch["counters"]["apc"],
+            "signal": scratch["signal"],
+            "figures": scratch["figures"],
+            "witness": scratch["witness"],
+            "verdict": scratch["verdict"],
+        },
+        "finding": ladder.finding(verdict.status, doc["verdict"]["status"]),
+        "external": ladder.external(doc["counters"]["apc"], waves),
+        "probe": ladder.probe_summary(
+            [r for w in doc["figures"]["waves"] for r in w["per_request"]]
+        ),
+    }
+
+
 def witness_section(result: ArmResult, waves: list[dict[str, Any]]) -> dict[str, Any]:
     """The restore witness's figures over the recorded requests, and its hooks."""
     status = witness.engine_status(result.apc.witness)
@@ -215,6 +248,7 @@ def _wave_figures(
                 "flagged": bool(f),
                 **_answers(r),
                 **({"restores": [dict(x) for x in r.restores]} if r.restores else {}),
+                **({"connector": dict(r.connector)} if r.connector else {}),
             }
             for r, f in zip(wave.requests, flagged, strict=False)
         ],

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from repro import __version__, confidence, witness
+from repro import __version__, confidence, ladder, witness
 from repro.evidence.runs import ARM_ORDER, Run
 
 ARM_TITLES = {"cold-race": "Cold-race", "multi-turn": "Multi-turn"}
@@ -119,6 +119,9 @@ def result_text(doc: dict[str, Any]) -> str:
         seen = witness.from_document(doc)
         if seen is not None:
             text += f" · {witness.line(seen)}"
+        rungs = ladder.line(doc)
+        if rungs is not None:
+            text += f" · ladder: {rungs}"
         return f"{mark} **{witness.headline(status, seen)}**: {text}"
     if status == "inconclusive":
         return f"{mark} **inconclusive ({verdict['gate']})**: {verdict['reason']}"
@@ -371,6 +374,9 @@ def condition(doc: dict[str, Any]) -> str:
     fault = doc["fault_injection"]
     if fault["enabled"]:
         text += f" + injected fault ({fault['kind']})"
+    connector = doc.get("connector")
+    if connector:
+        text += f" + connector {connector['spec']}"
     return text
 
 
@@ -380,12 +386,15 @@ def matrix_cell(doc: dict[str, Any], cured: bool) -> str:
     status, gate = verdict["status"], verdict["gate"]
     if status == "corrupted":
         hits = f", {figures['hits']} hits" if figures else ""
-        return f"🔴 corrupts (cache engaged{hits}){_witness_note(doc)}"
+        return f"🔴 corrupts (cache engaged{hits}){_witness_note(doc)}{_ladder_note(doc)}"
     if status == "clean":
         word = "cured" if cured else "clean"
         if verdict.get("outcome") == "clean-zero-trigger-hits":
-            return f"✅ {word}, {_zero_trigger_hits(doc)}{_witness_note(doc)}"
-        return f"✅ {word}, engaged (hit ratio {hit_ratio(figures)}){_witness_note(doc)}"
+            return f"✅ {word}, {_zero_trigger_hits(doc)}{_witness_note(doc)}{_ladder_note(doc)}"
+        return (
+            f"✅ {word}, engaged (hit ratio {hit_ratio(figures)}){_witness_note(doc)}"
+            f"{_ladder_note(doc)}"
+        )
     if status == "inconclusive":
         if gate == "engagement" and figures and figures["queries"] > 0 and figures["hits"] == 0:
             return f"⚠️ zero-hit: {figures['queries']} queries, 0 hits (engagement gate)"
@@ -399,6 +408,18 @@ def matrix_cell(doc: dict[str, Any], cured: bool) -> str:
             return f"⚠️ zero-hit after the arm: liveness {live.get('hits', 0)} hits (liveness gate)"
         return f"⚠️ inconclusive ({gate} gate)"
     return "❌ error (no verdict)"
+
+
+def _ladder_note(doc: dict[str, Any]) -> str:
+    """The connector ladder beside a matrix cell: the rung without the connector."""
+    reference = ladder.rung_document(doc)
+    if reference is None:
+        return ""
+    supplied = (doc.get("ladder") or {}).get("external") or {}
+    return (
+        f" · without the connector: {reference['verdict']['status']}"
+        f" · connector supplied {supplied.get('hits', 0)} tokens"
+    )
 
 
 def _witness_note(doc: dict[str, Any]) -> str:

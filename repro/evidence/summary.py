@@ -5,29 +5,46 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from repro import witness
+from repro import ladder, witness
 
 
 def print_summary(documents: dict[str, dict[str, Any]], out_dir: Path) -> None:
+    """One row per arm; with a connector ladder, one row per rung (the reference without the
+    connector, then the run of record with it) and the ladder's finding below them."""
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"repro results ({out_dir})")
     for column in ("arm", "verdict", "hits / queries", "drafts", "reason", "witness"):
         table.add_column(column, overflow="fold")
+    findings = []
     for arm, doc in documents.items():
-        verdict = doc["verdict"]
-        seen = witness.from_document(doc)
-        status = witness.headline(verdict["status"], seen)
-        status += f" ({verdict['gate']})" if verdict["gate"] else ""
-        # The figures engagement is graded on (repro.arms.common.engagement_of): hits and
-        # queries of the arm's waves (the liveness probe and its baseline have their own gate),
-        # drafts of the whole APC run (cold-race reads them after the probe's long decode).
-        apc = (doc.get("counters") or {}).get("apc") or {}
-        waves = [c for name, c in apc.items() if not name.startswith("liveness")]
-        hits = sum(c["prefix_cache_hits"] for c in waves)
-        queries = sum(c["prefix_cache_queries"] for c in waves)
-        drafts = sum(c["spec_decode_num_drafts"] for c in apc.values())
-        seen_text = witness.line(seen).removeprefix("witness: ") if seen else "–"
-        table.add_row(arm, status, f"{hits} / {queries}", str(drafts), verdict["reason"], seen_text)
-    Console().print(table)
+        reference = ladder.rung_document(doc)
+        if reference is None:
+            _add_row(table, arm, doc)
+            continue
+        spec = (doc.get("connector") or {}).get("spec", "?")
+        _add_row(table, f"{arm}, no connector", reference)
+        _add_row(table, f"{arm}, + {spec}", doc)
+        findings.append(f"{arm}: {ladder.line(doc)}")
+    console = Console()
+    console.print(table)
+    for text in findings:
+        console.print(f"ladder, against the APC-off control: {text}")
+
+
+def _add_row(table, arm: str, doc: dict[str, Any]) -> None:
+    verdict = doc["verdict"]
+    seen = witness.from_document(doc)
+    status = witness.headline(verdict["status"], seen)
+    status += f" ({verdict['gate']})" if verdict["gate"] else ""
+    # The figures engagement is graded on (repro.arms.common.engagement_of): hits and
+    # queries of the arm's waves (the liveness probe and its baseline have their own gate),
+    # drafts of the whole APC run (cold-race reads them after the probe's long decode).
+    apc = (doc.get("counters") or {}).get("apc") or {}
+    waves = [c for name, c in apc.items() if not name.startswith("liveness")]
+    hits = sum(c["prefix_cache_hits"] for c in waves)
+    queries = sum(c["prefix_cache_queries"] for c in waves)
+    drafts = sum(c["spec_decode_num_drafts"] for c in apc.values())
+    seen_text = witness.line(seen).removeprefix("witness: ") if seen else "–"
+    table.add_row(arm, status, f"{hits} / {queries}", str(drafts), verdict["reason"], seen_text)

@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from repro import grading, prompts
+from repro import grading, ladder, prompts
 
 
 def waves_from_document(doc: dict[str, Any]) -> tuple[list[grading.Wave], list[float]]:
@@ -122,6 +122,32 @@ def _carries_figures(doc: dict[str, Any]) -> bool:
 
 
 def check_verdict(doc: dict[str, Any]) -> VerdictCheck:
+    """The run's verdict, and with a connector ladder its reference rung's and its finding."""
+    check = _check_one(doc)
+    reference = ladder.rung_document(doc)
+    if reference is None:
+        return check
+    rung = _check_one(reference)
+    check.problems.extend(f"ladder reference (APC on, no connector): {p}" for p in rung.problems)
+    if check.status is not None and rung.status is not None:
+        follows = ladder.finding(rung.status, check.status)
+        if doc["ladder"].get("finding") != follows:
+            check.problems.append(
+                f"ladder.finding recorded {doc['ladder'].get('finding')!r}, but the rungs "
+                f"re-grade {rung.status} without the connector and {check.status} with it: "
+                f"{follows!r}"
+            )
+    waves = [w["name"] for w in (doc.get("figures") or {}).get("waves") or []]
+    counted = ladder.external((doc.get("counters") or {}).get("apc"), waves)
+    if doc["ladder"].get("external") != counted:
+        check.problems.append(
+            f"ladder.external {doc['ladder'].get('external')} does not match the counters of "
+            f"the waves: {counted}"
+        )
+    return check
+
+
+def _check_one(doc: dict[str, Any]) -> VerdictCheck:
     recorded = doc["verdict"]
     stopped = recorded["status"] == "error" or (
         recorded["status"] == "inconclusive" and recorded["gate"] == "geometry"

@@ -243,6 +243,10 @@ def run_args(
         args.append("--inject-fault")
     for key, value in condition.overrides.items():
         args += ["--override", f"{key}={json.dumps(value)}"]
+    if condition.connector != "none":
+        args += ["--connector", condition.connector]
+        if condition.connector_config:
+            args += ["--connector-config", json.dumps(condition.connector_config)]
     if arm_timeout_s:
         args += ["--arm-timeout", str(arm_timeout_s)]
     return args

@@ -10,9 +10,11 @@ A conditions file is TOML with one `[[condition]]` table per row:
     profile = "tiny"                  # default "tiny"
     arms = ["cold-race"]              # default: the profile's arms
     inject_fault = false              # the positive control (default false)
+    connector = "probe"               # a KV connector: the ladder (default "none")
+    connector_config = { }            # its extra config (kv_connector_extra_config)
 
 Patch paths are relative to the conditions file. A condition's content hash covers what it
-runs (release, the patches' bytes, overrides, profile, arms, fault), not its name or file
+runs (release, the patches' bytes, overrides, profile, arms, fault, connector), not its name or file
 position, so a finished cell is kept on a re-run only while it still means the same thing.
 
 A table with a key that is not one of these (a typo) becomes a `BadCondition` naming the key
@@ -31,11 +33,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from repro import connectors
 from repro.atomicio import sha256_file
 from repro.errors import ReproError
 from repro.profiles import PROFILES
 
-KEYS = ("name", "vllm", "patches", "overrides", "profile", "arms", "inject_fault")
+KEYS = (
+    "name",
+    "vllm",
+    "patches",
+    "overrides",
+    "profile",
+    "arms",
+    "inject_fault",
+    "connector",
+    "connector_config",
+)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,80}$")
 
 
@@ -53,10 +66,13 @@ class Condition:
     arms: tuple[str, ...] = ()
     inject_fault: bool = False
     line: int | None = None  # where its table starts in the conditions file
+    # `repro.connectors` spec ("none": no ladder); a PATH.py one is resolved to its file.
+    connector: str = "none"
+    connector_config: dict[str, Any] = field(default_factory=dict)
 
     def content(self) -> dict[str, Any]:
         """What the condition runs, as JSON (the input of its content hash)."""
-        return {
+        content = {
             "vllm": self.vllm,
             "patches": [{"name": p.name, "sha256": _sha256_or_missing(p)} for p in self.patches],
             "overrides": self.overrides,
@@ -64,6 +80,13 @@ class Condition:
             "arms": list(self.arms),
             "inject_fault": self.inject_fault,
         }
+        if self.connector != "none":  # conditions without one keep their earlier hashes
+            content["connector"] = self.connector
+            content["connector_config"] = self.connector_config
+            path = self.connector.rsplit(":", 1)[0]
+            if path.endswith(".py"):
+                content["connector_sha256"] = _sha256_or_missing(Path(path))
+        return content
 
     @property
     def content_hash(self) -> str:
@@ -210,6 +233,25 @@ def _condition(
     fault = table.get("inject_fault", False)
     if not isinstance(fault, bool):
         return bad(f"inject_fault must be true or false, got {fault!r}", "inject_fault")
+    connector = table.get("connector", "none")
+    config = table.get("connector_config", {})
+    if not isinstance(connector, str):
+        return bad(f"connector must be a string such as 'probe', got {connector!r}", "connector")
+    if not isinstance(config, dict):
+        return bad(f"connector_config must be a table, got {config!r}", "connector_config")
+    where, _, cls = connector.rpartition(":")
+    if where.endswith(".py"):  # relative to the conditions file, as patches are
+        connector = f"{(base / where).resolve()}:{cls}"
+    try:
+        parsed = connectors.parse(connector, json.dumps(config) if config else None)
+        connectors.check_device(parsed, PROFILES[profile].device)
+    except (ReproError, TypeError, ValueError) as exc:
+        return bad(
+            str(exc)
+            .replace("--connector-config", "connector_config")
+            .replace("--connector", "connector"),
+            "connector",
+        )
     return Condition(
         name=raw_name,
         vllm=vllm,
@@ -219,6 +261,8 @@ def _condition(
         arms=tuple(arms) or tuple(known_arms),
         inject_fault=fault,
         line=line,
+        connector=connector,
+        connector_config=dict(config),
     )
 
 
@@ -271,6 +315,8 @@ def condition_from_spec(spec: dict[str, Any]) -> Condition | BadCondition:
         profile=spec["profile"],
         arms=tuple(spec["arms"]),
         inject_fault=spec["inject_fault"],
+        connector=spec.get("connector", "none"),
+        connector_config=spec.get("connector_config", {}),
     )
 
 
