@@ -3,6 +3,7 @@
 nox -s repro-tiny              both arms on vLLM's CPU build with the tiny model (default)
 nox -s repro-tiny -- --out DIR --inject-fault --vllm 0.32.0 --patch FILE
 nox -s repro-tiny -- --container [--base TAG] [--vllm 0.32.0]   the same in the kit's CPU image
+nox -s repro-tiny -- --connector probe|MODULE:CLASS|PATH.py:CLASS   the connector ladder
 nox -s base-image -- --tag local/base              the local Debian base image (debootstrap)
 nox -s build-image -- --vllm 0.32.0 --base local/base [--wheelhouse DIR]   the CPU image
 nox -s build-image -- --variant cuda --vllm 0.26.0|COMMIT [--wheelhouse DIR] [--patch FILE]
