@@ -91,8 +91,9 @@ GROUP_KINDS = ("mamba", "attention")
 
 def lagging_groups(record: dict[str, Any]) -> list[str]:
     """The group kinds whose own hit, plus what the connector supplied, stops short of where
-    the request resumed: for Mamba, a state never restored there; for attention, KV never
-    computed for the tokens between."""
+    the request resumed. For Mamba that is a state never restored there. For attention it is
+    the scheduler's choice only: under MTP attention's own hit drops its last matched block,
+    whose KV may still be held (docs/connector.md, "Measured")."""
     resumed = record.get("resumed")
     if resumed is None:
         return []

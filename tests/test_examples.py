@@ -185,3 +185,16 @@ def test_the_0_26_0_round_trip_records_name_one_image():
     assert exported["image"]["id"] == imported["image"]["id"] == built["image"]["id"]
     listed = (folder / "export.sha256").read_text().split()
     assert listed[0] == exported["archive"]["sha256"] == imported["archive"]["sha256"]
+
+
+LADDERS = [p for p in ARTIFACTS if json.loads(p.read_text()).get("ladder")]
+
+
+def test_there_are_connector_ladder_examples():
+    assert len(LADDERS) >= 10
+
+
+@pytest.mark.parametrize("path", LADDERS, ids=lambda p: str(p.relative_to(EXAMPLES)))
+def test_ladder_example_rederives_both_rungs_and_its_finding(path):
+    check = evidence.verdicts.check_verdict(json.loads(path.read_text()))
+    assert check.problems == [], check.problems

@@ -305,11 +305,29 @@ def render_run(run: Run) -> list[str]:
         f"- Model revision: {model_revision_text(first)}",
         f"- Image: {image_text(run)}",
         f"- Fault injection: {fault_text(run)}",
+        f"- KV connector: {connector_text(first)}",
         f"- Kit: {kit_text(first)}; runs {run_ids}",
         "",
     ]
     lines += per_request_lines(run)
     return lines
+
+
+def connector_text(doc: dict[str, Any]) -> str:
+    """Which connector the APC run had (and the ladder's reference did not), by its code."""
+    connector = doc.get("connector")
+    if not connector:
+        return "none"
+    where = (
+        f"{connector['module']}:{connector['class']}" if connector["module"] else connector["class"]
+    )
+    text = f"`{connector['spec']}` ({where}"
+    if connector.get("source_sha256"):
+        text += f", source sha256 {connector['source_sha256'][:12]}"
+    if connector.get("distribution"):
+        dist = connector["distribution"]
+        text += f", from {dist['name']} {dist['version']}"
+    return text + "); each arm also ran without it against the same APC-off control"
 
 
 def _request_figure(request: dict[str, Any]) -> str:

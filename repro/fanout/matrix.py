@@ -267,6 +267,8 @@ def _label(item: Condition | BadCondition) -> str:
         parts.append(f"profile {item.profile}")
     if item.inject_fault:
         parts.append("+ injected fault")
+    if item.connector != "none":
+        parts.append(f"+ connector {item.connector.rsplit('/', 1)[-1]} (ladder)")
     return f"{item.name}: {' '.join(parts)}"
 
 
