@@ -24,6 +24,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from user_connectors import USER_CONNECTOR
 
 from repro import evidence, ladder
 from repro.artifact import validate_artifact
@@ -37,28 +38,6 @@ DIVERGENCE_REVERT = (
     ROOT / "containers" / "reverts" / "vllm-0.27.0-revert-pr48425-connector-divergence.diff"
 )
 TIMEOUT_S = 40 * 60
-
-# A connector a user might write: attaches, declares hybrid support, moves nothing.
-USER_CONNECTOR = """
-from vllm.distributed.kv_transfer.kv_connector.v1.base import (
-    KVConnectorBase_V1, KVConnectorMetadata, SupportsHMA,
-)
-
-
-class _Meta(KVConnectorMetadata):
-    pass
-
-
-class NullConnector(KVConnectorBase_V1, SupportsHMA):
-    def start_load_kv(self, forward_context, **kwargs): pass
-    def wait_for_layer_load(self, layer_name): pass
-    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs): pass
-    def wait_for_save(self): pass
-    def get_num_new_matched_tokens(self, request, num_computed_tokens): return 0, False
-    def update_state_after_alloc(self, request, blocks, num_external_tokens): pass
-    def build_connector_meta(self, scheduler_output): return _Meta()
-    def request_finished_all_groups(self, request, block_ids): return False, None
-"""
 
 
 def run_ladder(run_kit, out: Path, version: str, connector: str, *patches: Path) -> dict:

@@ -79,10 +79,24 @@ def test_tiny_refuses_a_bad_connector_before_making_an_environment(capsys, tmp_p
     assert "not a connector the kit knows" in capsys.readouterr().err
 
 
-def test_container_runs_refuse_a_connector(capsys, tmp_path):
-    argv = ["tiny", "--container", "--connector", "probe", "--out", str(tmp_path / "o")]
+def test_container_runs_check_the_connector_before_docker(capsys, tmp_path):
+    argv = ["tiny", "--container", "--connector", "bogus", "--out", str(tmp_path / "o")]
     assert main(argv) == 2
-    assert "with --container it is not supported yet" in capsys.readouterr().err
+    assert "not a connector the kit knows" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_file_connector_is_mounted_and_renamed_for_the_container(tmp_path):
+    from repro.containers.run import CONTAINER_CONNECTOR, connector_args
+
+    source = tmp_path / "mine.py"
+    source.write_text("class C: pass\n")
+    args, mounts = connector_args(connectors.parse(f"{source}:C", '{"k": 1}'))
+    assert args == ["--connector", f"{CONTAINER_CONNECTOR}/mine.py:C", "--connector-config",
+                    '{"k": 1}']  # fmt: skip
+    (mount,) = mounts
+    assert (mount.source, mount.target, mount.read_only) == (tmp_path, CONTAINER_CONNECTOR, True)
+    assert connector_args(connectors.parse("probe")) == (["--connector", "probe"], [])
 
 
 def test_a_release_without_kv_transfer_is_refused(monkeypatch):

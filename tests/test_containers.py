@@ -11,13 +11,15 @@ import json
 import os
 import re
 import subprocess
+import textwrap
 import time
 from pathlib import Path
 
 import pytest
 from kept_images import remove_unless_kept
+from user_connectors import USER_CONNECTOR
 
-from repro import runcontext
+from repro import ladder, runcontext
 from repro.containers import build, pins
 from repro.containers.refs import InvalidRef, parse_vllm_ref
 from repro.errors import ReproError
@@ -717,3 +719,28 @@ def test_gpu_profile_in_a_container_stops_at_the_preflight_here(run_kit, tmp_pat
     proc = run_kit("run", "--profile", "qwen3.6-27b-fp8", "--container", "--out", str(tmp_path))
     assert proc.returncode == 2
     assert "needs 1 GPU(s)" in proc.stderr
+
+
+@pytest.mark.docker
+@pytest.mark.engine
+def test_a_file_connector_runs_its_ladder_in_the_image(
+    docker_client, cpu_image, tiny_model, run_kit_popen, tmp_path
+):
+    # The connector's folder is mounted read-only; the image's vLLM imports it from there.
+    from repro.atomicio import sha256_file
+
+    source = tmp_path / "src" / "user_null_connector.py"
+    source.parent.mkdir()
+    source.write_text(textwrap.dedent(USER_CONNECTOR))
+    out = tmp_path / "out"
+    code, stdout, settings = _run_in_image(
+        run_kit_popen, docker_client, out, "--image", cpu_image.id, "--arms", "cold-race",
+        "--connector", f"{source}:NullConnector",
+    )  # fmt: skip
+    assert code == 0, stdout[-6000:]
+    doc = _load(out, "cold-race")
+    assert doc["connector"]["source_file"] == "/connector/user_null_connector.py"
+    assert doc["connector"]["source_sha256"] == sha256_file(source)
+    assert doc["ladder"]["finding"] in ladder.FINDINGS.values()
+    mounts = {m["Destination"]: m for m in settings["Mounts"]}
+    assert mounts["/connector"]["Source"] == str(source.parent) and not mounts["/connector"]["RW"]

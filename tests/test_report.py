@@ -239,6 +239,7 @@ def test_run_tables_match_the_seed_shape():
         "- Image: none (run on the host)",
         "- Fault injection: positive control; cold-race: **restored-state-noise** applied 16×, "
         "multi-turn: **restored-state-noise** applied 32×",
+        "- KV connector: none",
         "- Kit: 0.1.0 @ `60dce851e0f3` (clean tree); runs "
         "`20261130T052259Z-cb3dfd-cold-race`, `20261130T052259Z-cb3dfd-multi-turn`",
         "",

@@ -93,7 +93,7 @@ def run_cold_race(
     connector: Connector | None = None,
 ) -> ArmResult:
     """The arm; with a `connector`, the ladder: the APC run without it (the reference) and
-    with it, each graded against the one control (`repro.arms.common.ladder`)."""
+    with it, each graded against the one control (`repro.arms.common.ladder_rungs`)."""
     timer = timer or PhaseTimer()
     block_size = derive_block_size(profile, model_path, timer)
     prepared: dict = {}

@@ -419,11 +419,6 @@ def _run_in_container(settings: RunSettings) -> int:
     from repro.containers import run as container_run
     from repro.profiles import get_profile
 
-    if settings.connector:
-        raise ReproError(
-            "--connector runs the ladder in this host's engine environment; with --container "
-            "it is not supported yet: drop --container (nothing was started)"
-        )
     if settings.repeat > 1:
         raise ReproError(
             f"--repeat {settings.repeat} runs the arms on this host; with --container it is not "
@@ -433,6 +428,8 @@ def _run_in_container(settings: RunSettings) -> int:
     if settings.device:
         profile = profile.for_device(settings.device)
     preflight.check_hardware(profile, envinfo.collect_hardware())
+    # Syntax and device here; the image's vLLM imports and checks it before any engine boots.
+    connector = settings.parsed_connector(profile.device)
     out_dir = settings.out_dir.resolve()
     run_args = ["--inject-fault"] if settings.inject_fault else []
     if settings.verbose:
@@ -449,6 +446,7 @@ def _run_in_container(settings: RunSettings) -> int:
         command=["python", "-m", "repro", *sys.argv[1:]],
         run_args=run_args,
         arm_timeout_s=settings.arm_timeout_s,
+        connector=connector,
     )
     container_run.open_run_log(out_dir).close()  # an unwritable --out stops here, by name
     try:

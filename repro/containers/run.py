@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from repro import redaction, runner
+from repro.connectors import Connector
 from repro.containers.images import ImageFacts
 from repro.errors import ReproError
 from repro.gpu_host import SHARED_CORES_ENV, gpu_host_env
@@ -35,6 +36,8 @@ from repro.runcontext import FACTS_FILE, IMAGE_ENV, Environment, RunContext
 
 CONTAINER_MODEL = "/model"
 CONTAINER_OUT = "/out"
+# A PATH.py connector's folder, mounted read-only (repro.connectors).
+CONTAINER_CONNECTOR = "/connector"
 CONTAINER_CACHE = "/cache"
 # Every container the kit starts carries this label (value: the run id), so that one left by a
 # host process killed with SIGKILL (no `finally` runs then) is found and removed by the next run.
@@ -305,6 +308,7 @@ class RunRequest:
     # as ``overrides`` and ``fault_kind``, as the command inside the container takes them).
     run_args: list[str]
     arm_timeout_s: float
+    connector: Connector | None = None
 
     def context(self, run_id: str, arm: str, model_path: str) -> RunContext:
         """``arm``'s context in run ``run_id``, with the model at ``model_path``."""
@@ -316,7 +320,24 @@ class RunRequest:
             model_path=model_path,
             overrides=self.overrides,
             fault_kind=self.fault_kind,
+            connector=self.connector.to_json() if self.connector else None,
         )
+
+
+def connector_args(connector: Connector | None) -> tuple[list[str], list[Mount]]:
+    """The connector as the command inside the container names it, and what to mount: a
+    PATH.py connector's folder goes in read-only at CONTAINER_CONNECTOR."""
+    if connector is None:
+        return [], []
+    spec, mounts = connector.spec, []
+    if connector.file:
+        source = Path(connector.file)
+        spec = f"{CONTAINER_CONNECTOR}/{source.name}:{connector.cls}"
+        mounts.append(Mount(source.parent, CONTAINER_CONNECTOR, read_only=True))
+    args = ["--connector", spec]
+    if connector.extra_config:
+        args += ["--connector-config", json.dumps(connector.extra_config)]
+    return args, mounts
 
 
 def run_profile_in_container(
@@ -351,6 +372,8 @@ def run_profile_in_container(
     ]  # fmt: skip
     if profile.device != get_profile_device(profile):
         inner += ["--device", profile.device]
+    connector_flags, connector_mounts = connector_args(request.connector)
+    inner += connector_flags
     environment = {
         "HF_HUB_OFFLINE": "1",
         "REPRO_IN_CONTAINER": "1",
@@ -371,6 +394,7 @@ def run_profile_in_container(
     mounts = [
         Mount(Path(model_dir).resolve(), CONTAINER_MODEL, read_only=True),
         Mount(out_dir, CONTAINER_OUT, read_only=False),
+        *connector_mounts,
     ]
     gpus = profile.tensor_parallel_size if profile.device == "cuda" else 0
     timeout_s = request.arm_timeout_s * len(arms) + STARTUP_GRACE_S
