@@ -18,6 +18,7 @@ from typing import Any
 
 from repro import gpu_host, plugin_path, progress
 from repro.errors import EngineBootError, FiguresUnreadable, GeometryUnsupported
+from repro.stats_tap import SchedulerStatsTap
 
 # The positive control's switch (read by the plugin in every engine process).
 FAULT_ENV = "REPRO_INJECT_FAULT"
@@ -170,6 +171,10 @@ class Engine:
         self._waves = 0
         # The restore witness as the workers report it: hooks installed, failures, totals.
         self.witness_status: dict[str, Any] = {}
+        # Where the counters come from (repro.stats_tap) and, at the last read, how far
+        # vLLM's own metrics fell behind them; updated in place at every read.
+        self.counter_read: dict[str, Any] = {"source": "vllm-metrics"}
+        self._tap: SchedulerStatsTap | None = None
         self._label = "APC" if self.settings.get("enable_prefix_caching") else "control"
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -205,6 +210,9 @@ class Engine:
                 raise GeometryUnsupported(f"engine refused the block geometry: {text}") from exc
             raise EngineBootError(f"engine failed to start: {text}") from exc
         self.boot_seconds = time.perf_counter() - started
+        self._tap = SchedulerStatsTap.attach(self._llm.llm_engine)
+        if self._tap is not None:
+            self.counter_read["source"] = "scheduler-stats"
         if os.environ.get(FAULT_ENV):
             # Each worker's count at boot: an in-process worker's count runs on over engines.
             self._fault_baseline = self._worker_fault_counts()
@@ -399,10 +407,11 @@ class Engine:
         return list(first.get("events") or [])
 
     def counters(self) -> Counters:
-        """Counter totals. In process, one read, as upstream's: the engine records its
-        statistics inside step(), in this thread, so nothing moves them between reads. With
-        the engine core in another process: read until SETTLE_READS consecutive snapshots
-        agree."""
+        """Counter totals: every step's scheduler statistics, summed (`repro.stats_tap`),
+        or vLLM's own metrics where no tap attaches (`counter_read` says which). In process,
+        one read, as upstream's: the engine hands over its statistics inside step(), in this
+        thread, so nothing moves them between reads. With the engine core in another
+        process: read until SETTLE_READS consecutive snapshots agree."""
         if self.in_process:
             return self._read_counters()
         deadline = time.monotonic() + SETTLE_TIMEOUT_S
@@ -424,7 +433,8 @@ class Engine:
         be a late one; a delta still zero after the wait is a real zero. With the engine core
         in this process the first read is final: the engine records its statistics inside
         step(), in this thread, and no step() runs while the arm waits. (On an H200 with
-        async scheduling the probe's counters stayed at 0 / 0 through the whole 30 s.)
+        async scheduling vLLM 0.26.0's own counters stayed at 0 / 0 through the whole 30 s:
+        they drop the statistics of steps without outputs, which the tap keeps.)
         """
         if self.in_process:
             return self.counters()
@@ -450,7 +460,13 @@ class Engine:
             raise FiguresUnreadable(
                 "engagement", "vLLM's metrics hold no prefix-cache counters; none can be read"
             )
-        return Counters(**totals)
+        metrics = Counters(**totals)
+        if self._tap is None:
+            return metrics
+        tapped = Counters(**dataclasses.asdict(self._tap.totals))
+        self.counter_read["steps"] = self._tap.steps
+        self.counter_read["missed_by_vllm_metrics"] = (tapped - metrics).as_dict()
+        return tapped
 
 
 def freeze_long_lived_objects() -> None:

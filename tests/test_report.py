@@ -10,6 +10,7 @@ its figures) and validated against the schema.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -240,6 +241,7 @@ def test_run_tables_match_the_seed_shape():
         "- Fault injection: positive control; cold-race: **restored-state-noise** applied 16×, "
         "multi-turn: **restored-state-noise** applied 32×",
         "- KV connector: none",
+        "- Counters: vLLM's own metrics (this record predates the kit's step-by-step sums)",
         "- Kit: 0.1.0 @ `60dce851e0f3` (clean tree); runs "
         "`20261130T052259Z-cb3dfd-cold-race`, `20261130T052259Z-cb3dfd-multi-turn`",
         "",
@@ -504,3 +506,23 @@ def test_the_results_table_shows_the_figures_engagement_was_graded_on(monkeypatc
     row = next(line for line in shown.splitlines() if "cold-race" in line)
     cells = [cell.strip() for cell in row.split("│")]
     assert cells[3:5] == [f"{hits} / {queries}", drafts]
+
+
+def test_the_counters_line_says_where_they_came_from_and_what_vllm_missed():
+    doc = FAULT.documents["cold-race"]
+    read = {"source": "scheduler-stats", "steps": 156, "missed_by_vllm_metrics": {}}
+    docs = {
+        arm: {**d, "counters": {**d["counters"], "read": {"apc": dict(read), "control": read}}}
+        for arm, d in FAULT.documents.items()
+    }
+    docs["cold-race"]["counters"]["read"]["apc"]["missed_by_vllm_metrics"] = {
+        "prefix_cache_hits": 960
+    }
+    run = dataclasses.replace(FAULT, documents=docs)
+    assert report.counters_source_text(run) == (
+        "every engine step's scheduler statistics, summed; vLLM's own counters missed hits "
+        "(tokens) the kit counts: Cold-race 960"
+    )
+    docs["multi-turn"]["counters"]["read"]["apc"] = {"source": "vllm-metrics"}
+    assert report.counters_source_text(run).startswith("vLLM's own metrics (this vLLM has no")
+    assert doc["counters"].get("read") is None  # the fixture itself is untouched

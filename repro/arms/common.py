@@ -24,6 +24,8 @@ class RunRecord:
     counters: dict[str, Counters] = field(default_factory=dict)
     # The restore witness as the engine's workers reported it (`Engine.witness_status`).
     witness: dict[str, Any] = field(default_factory=dict)
+    # Where the counters came from (`Engine.counter_read`: the engine updates it in place).
+    counter_read: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -166,6 +168,7 @@ def record(engine: Engine) -> RunRecord:
         settings=dict(engine.applied_settings),
         dropped_settings=list(engine.dropped_settings),
         boot_seconds=engine.boot_seconds,
+        counter_read=engine.counter_read,
     )
 
 

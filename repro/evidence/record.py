@@ -122,6 +122,10 @@ def fill_result(
     doc["counters"] = {
         "apc": {name: c.as_dict() for name, c in result.apc.counters.items()},
         "control": {name: c.as_dict() for name, c in result.control.counters.items()},
+        "read": {
+            "apc": dict(result.apc.counter_read),
+            "control": dict(result.control.counter_read),
+        },
     }
     threshold = verdict.threshold
     doc["signal"] = {

@@ -306,11 +306,35 @@ def render_run(run: Run) -> list[str]:
         f"- Image: {image_text(run)}",
         f"- Fault injection: {fault_text(run)}",
         f"- KV connector: {connector_text(first)}",
+        f"- Counters: {counters_source_text(run)}",
         f"- Kit: {kit_text(first)}; runs {run_ids}",
         "",
     ]
     lines += per_request_lines(run)
     return lines
+
+
+def counters_source_text(run: Run) -> str:
+    """Where the APC runs' counters came from, and how far vLLM's own metrics fell behind
+    them (`repro.stats_tap`: before 0.28.0 vLLM drops the statistics of steps without
+    outputs)."""
+    reads = {
+        arm: (doc.get("counters") or {}).get("read", {}).get("apc")
+        for arm, doc in run.documents.items()
+    }
+    if not any(reads.values()):
+        return "vLLM's own metrics (this record predates the kit's step-by-step sums)"
+    if any((read or {}).get("source") != "scheduler-stats" for read in reads.values()):
+        return "vLLM's own metrics (this vLLM has no per-step statistics call to sum)"
+    missed = {
+        arm: (read.get("missed_by_vllm_metrics") or {}).get("prefix_cache_hits", 0)
+        for arm, read in reads.items()
+    }
+    text = "every engine step's scheduler statistics, summed"
+    if any(missed.values()):
+        gaps = ", ".join(f"{ARM_TITLES.get(arm, arm)} {n}" for arm, n in missed.items() if n)
+        text += f"; vLLM's own counters missed hits (tokens) the kit counts: {gaps}"
+    return text
 
 
 def connector_text(doc: dict[str, Any]) -> str:
