@@ -28,7 +28,8 @@ import traceback
 from pathlib import Path
 from typing import Any, NoReturn
 
-from repro import connectors, engine_env, evidence, gpu_host, grading, progress, redaction
+from repro import connectors, engine_env, gpu_host, grading, progress, redaction
+from repro.arms import record
 from repro.artifact import (
     ArtifactContainsSecrets,
     ArtifactInvalid,
@@ -370,7 +371,7 @@ def _crash_document(
     error_type: str = "ArmProcessFailed",
     phase: str = "arm",
 ) -> dict:
-    doc = evidence.base_document(
+    doc = record.base_document(
         arm=arm,
         context=context,
         environment=environment or context.environment or Environment.here(),
@@ -465,7 +466,7 @@ def _run_one_arm(arm: str, context: RunContext, out_dir: Path, phases: dict) -> 
 
     environment = context.environment or Environment.here()
     profile = context.resolve_profile().with_overrides(context.overrides)
-    doc = evidence.base_document(arm=arm, context=context, environment=environment, profile=profile)
+    doc = record.base_document(arm=arm, context=context, environment=environment, profile=profile)
     timer = PhaseTimer()
     for name, seconds in phases.items():
         timer.add(name, seconds)
@@ -479,11 +480,11 @@ def _run_one_arm(arm: str, context: RunContext, out_dir: Path, phases: dict) -> 
         phase = "grading"
         progress.emit("phase", name="grading")
         verdict = _grade(arm, profile, result)
-        evidence.fill_result(doc, result, verdict, context=context, environment=environment)
+        record.fill_result(doc, result, verdict, context=context, environment=environment)
         if connector is not None:
             doc["connector"] = connectors.identity(connector)
             reference = result.reference
-            doc["ladder"] = evidence.ladder_section(
+            doc["ladder"] = record.ladder_section(
                 doc,
                 reference,
                 _grade(arm, profile, reference),
@@ -493,13 +494,13 @@ def _run_one_arm(arm: str, context: RunContext, out_dir: Path, phases: dict) -> 
         doc["run"]["phases_s"] = {k: round(v, 3) for k, v in timer.seconds.items()}
         _check_fault_active(doc, faults_before)
     except NotEvidence as exc:
-        doc["engine"] = evidence.engine_section(
+        doc["engine"] = record.engine_section(
             context=context, environment=environment, apc=None, control=None
         )
         doc["verdict"] = {"status": "inconclusive", "gate": exc.gate, "reason": str(exc)}
     except Exception as exc:  # noqa: BLE001 - any failure must still leave a record
         traceback.print_exc()
-        doc["engine"] = evidence.engine_section(
+        doc["engine"] = record.engine_section(
             context=context, environment=environment, apc=None, control=None
         )
         doc["error"] = {"type": type(exc).__name__, "message": str(exc), "phase": phase}

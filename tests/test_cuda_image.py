@@ -566,7 +566,7 @@ def test_a_gpu_run_refuses_unpinned_weights_unless_allowed(tmp_path):
 
 
 def test_the_artifact_records_the_weights_pin(monkeypatch):
-    from repro.evidence import record
+    from repro.arms import record
     from repro.profiles import get_profile
 
     profile = get_profile("qwen3.6-27b-fp8")

@@ -25,6 +25,14 @@ from typing import Any
 from repro import grading, ladder, prompts
 
 
+def verdict_section(verdict: grading.Verdict) -> dict[str, Any]:
+    """A verdict as the artifact records it (the runner writes it; readers rebuild it)."""
+    section = {"status": verdict.status, "gate": verdict.gate, "reason": verdict.reason}
+    if verdict.outcome is not None:
+        section["outcome"] = verdict.outcome
+    return section
+
+
 def waves_from_document(doc: dict[str, Any]) -> tuple[list[grading.Wave], list[float]]:
     """The graded inputs as recorded: lets anyone re-derive a verdict from an artifact."""
     waves, noise = [], []

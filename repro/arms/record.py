@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from repro import confidence, grading, ladder, sensitivity, witness
 from repro.arms.common import ArmResult, RunRecord
 from repro.artifact import SCHEMA_VERSION
+from repro.evidence.verdicts import verdict_section
 from repro.profiles import Profile
 
 if TYPE_CHECKING:
@@ -207,13 +208,6 @@ def witness_section(result: ArmResult, waves: list[dict[str, Any]]) -> dict[str,
         # The APC engine's time in the witness (rank 0), for its cost against the arm's.
         "seconds": round(float(result.apc.witness.get("seconds") or 0.0), 4),
     }
-
-
-def verdict_section(verdict: grading.Verdict) -> dict[str, Any]:
-    section = {"status": verdict.status, "gate": verdict.gate, "reason": verdict.reason}
-    if verdict.outcome is not None:
-        section["outcome"] = verdict.outcome
-    return section
 
 
 def _wave_figures(
