@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 # Upstream's margin: benign flips up to this many past the other direction are tolerated.
@@ -144,10 +144,11 @@ class Engagement:
 
     Hits are seen two ways: the engine's counters, and the cached-token count each request
     reports in its RequestOutput. Either is evidence. The second exists because the counters
-    can miss hits: vLLM 0.26.0's LLMEngine.step records scheduler stats only for steps that
-    return request outputs, so the prefix-cache lookup of a request whose first chunk is a
-    prefill-only step is never counted (measured: a lone 602-token probe re-sent with
-    480 tokens served from the cache moved neither counter).
+    can miss hits: vLLM before 0.28.0 records scheduler stats only for steps that return
+    request outputs, so the prefix-cache lookup of a request whose first chunk is a
+    prefill-only step never reaches vLLM's own counters (measured: a lone 602-token probe
+    re-sent with 480 tokens served from the cache moved neither). The kit now sums every
+    step's statistics itself (`repro.stats_tap`); the cached tokens stay a second witness.
     """
 
     prefix_cache_queries: int
@@ -163,6 +164,27 @@ class Engagement:
     def queries_seen(self) -> int:
         # A request that read cached tokens was looked up, counted or not.
         return max(self.prefix_cache_queries, self.cached_prompt_tokens)
+
+
+def engagement_of(
+    apc_counters: Mapping[str, Mapping[str, int]], waves: Sequence[Wave], rules: str
+) -> Engagement:
+    """The engagement gate's figures: one rule for the live grade and every re-grade.
+
+    `apc_counters` are the APC run's counter deltas by wave name, as the artifact records
+    them. Queries and hits are summed over the arm's waves; drafts over every APC entry under
+    upstream's rules (upstream reads them after the liveness probe's long decode, since short
+    stop-bounded answers may legitimately draft nothing), over the waves under the kit's
+    older rules. Cached tokens are what the waves' requests report.
+    """
+    names = [w.name for w in waves]
+    draft_runs = list(apc_counters) if rules == RULES_UPSTREAM else names
+    return Engagement(
+        prefix_cache_queries=sum(apc_counters[n]["prefix_cache_queries"] for n in names),
+        prefix_cache_hits=sum(apc_counters[n]["prefix_cache_hits"] for n in names),
+        spec_decode_num_drafts=sum(apc_counters[n]["spec_decode_num_drafts"] for n in draft_runs),
+        cached_prompt_tokens=sum(r.num_cached_tokens or 0 for w in waves for r in w.requests),
+    )
 
 
 @dataclass(frozen=True)
@@ -303,8 +325,8 @@ def grade(
     liveness: Liveness | None,
     extra_noise: Iterable[float] = (),
     control_spread_gate: bool = CONTROL_SPREAD_GATE,
-    rules: str = RULES_KIT,
-    require_hits: bool = True,
+    rules: str,
+    require_hits: bool,
 ) -> Verdict:
     """The verdict of one arm, from its recorded figures, gates in upstream's order.
 

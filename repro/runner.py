@@ -526,7 +526,11 @@ def _grade(arm: str, profile: Profile, result) -> grading.Verdict:
     return grading.grade(
         signal=profile.signal,
         waves=result.waves,
-        engagement=result.engagement,
+        engagement=grading.engagement_of(
+            {name: c.as_dict() for name, c in result.apc.counters.items()},
+            result.waves,
+            grading.RULES_UPSTREAM,
+        ),
         liveness=result.liveness,
         extra_noise=result.extra_noise,
         rules=grading.RULES_UPSTREAM,

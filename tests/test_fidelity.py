@@ -107,6 +107,7 @@ def _weak(waves, rules=grading.RULES_UPSTREAM):
         engagement=Engagement(10, 10, 10),
         liveness=Liveness(100, 10, 10),
         rules=rules,
+        require_hits=True,
     )
     return verdict.gate == "control_quality"
 

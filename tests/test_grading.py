@@ -38,9 +38,26 @@ def logprob_wave(hit: list[float], cold: list[float], name="wave1") -> Wave:
     )
 
 
-def grade_needle(*waves, engagement=ENGAGED, liveness=LIVE, **options):
+# The rules the kit runs; the kit's older rules (LEGACY) only where an old artifact needs them.
+LEGACY = grading.RULES_KIT
+
+
+def grade_needle(
+    *waves,
+    engagement=ENGAGED,
+    liveness=LIVE,
+    rules=grading.RULES_UPSTREAM,
+    require_hits=True,
+    **options,
+):
     return grading.grade(
-        signal="needle", waves=list(waves), engagement=engagement, liveness=liveness, **options
+        signal="needle",
+        waves=list(waves),
+        engagement=engagement,
+        liveness=liveness,
+        rules=rules,
+        require_hits=require_hits,
+        **options,
     )
 
 
@@ -117,6 +134,8 @@ def grade_logprob(*waves, extra_noise=(), control_spread_gate=True):
         liveness=None,
         extra_noise=extra_noise,
         control_spread_gate=control_spread_gate,
+        rules=grading.RULES_UPSTREAM,
+        require_hits=True,
     )
 
 
@@ -172,7 +191,9 @@ def test_unknown_signal_is_refused():
     import pytest
 
     with pytest.raises(ValueError, match="expected 'needle' or 'logprob'"):
-        grading.grade(signal="vibes", waves=[], engagement=ENGAGED, liveness=None)
+        grading.grade(
+            signal="vibes", waves=[], engagement=ENGAGED, liveness=None, rules=UP, require_hits=True
+        )
 
 
 def test_hits_reported_by_requests_count_when_the_counters_miss_them():
@@ -301,6 +322,8 @@ def test_kit_rules_keep_the_old_control_gate_for_old_artifacts():
         waves=[control_wave(16, 9, name="wave1", identical=True)],
         engagement=ENGAGED,
         liveness=LIVE,
+        rules=LEGACY,
+        require_hits=True,
     )
     assert verdict.gate == "control_quality" and "needs at least 50%" in verdict.reason
 
@@ -358,4 +381,32 @@ def test_distinct_rule_is_upstreams_max_ctl_1_plus_1():
 
 def test_unknown_rules_are_refused():
     with pytest.raises(ValueError, match="unknown grading rules 'mine'"):
-        grading.grade(signal="needle", waves=[], engagement=ENGAGED, liveness=None, rules="mine")
+        grading.grade(
+            signal="needle",
+            waves=[],
+            engagement=ENGAGED,
+            liveness=None,
+            rules="mine",
+            require_hits=True,
+        )
+
+
+def test_one_engagement_rule_for_the_live_grade_and_every_regrade():
+    counters = {
+        name: {"prefix_cache_queries": q, "prefix_cache_hits": h, "spec_decode_num_drafts": d}
+        for name, q, h, d in [
+            ("wave1", 400, 300, 0),
+            ("wave2", 200, 100, 1),
+            ("liveness_baseline", 50, 0, 2),
+            ("liveness", 60, 40, 30),
+        ]
+    }
+    waves = [needle_wave(1, 0, name="wave1"), needle_wave(0, 0, name="wave2")]
+    up = grading.engagement_of(counters, waves, UP)
+    # Hits and queries of the waves only; drafts of every entry (read after the probe's
+    # long decode), under the rules the kit runs.
+    assert (up.prefix_cache_queries, up.prefix_cache_hits) == (600, 400)
+    assert up.spec_decode_num_drafts == 33
+    assert up.cached_prompt_tokens == 256 * (11 + 10)
+    # The kit's older rules (old artifacts): drafts of the waves only.
+    assert grading.engagement_of(counters, waves, LEGACY).spec_decode_num_drafts == 1

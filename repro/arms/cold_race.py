@@ -25,7 +25,6 @@ from repro.arms.common import (
     answer_sampling,
     compare_wave,
     derive_block_size,
-    engagement_of,
     fixed_sampling,
     ladder_rungs,
     record,
@@ -38,7 +37,6 @@ from repro.profiles import Profile
 
 ARM = "cold-race"
 # Counter entries of the APC run: the two graded waves, then the probe's three steps.
-TRIGGER_WAVES = ["wave1", "wave2"]
 PROBE_BASELINE = "liveness_baseline"  # the probe manual and fact 0: caches the probe
 PROBE = "liveness"  # fact 1 of the probe manual, then the four long decodes
 
@@ -217,12 +215,6 @@ def _result(profile, prepared, run, control, ctl_w1, ctl_w2, timer) -> ArmResult
             cached_tokens=sum(c.num_cached_tokens or 0 for c in probe_runs),
         ),
         extra_noise=control_spread,
-        engagement=engagement_of(
-            apc.counters,
-            TRIGGER_WAVES,
-            apc_w1 + apc_w2,
-            draft_runs=[*TRIGGER_WAVES, PROBE_BASELINE, PROBE],
-        ),
         phases=timer.seconds,
         extra={
             "control_spread": control_spread,

@@ -39,7 +39,6 @@ class ArmResult:
     liveness: grading.Liveness | None
     # Benign divergences measured beside the waves (e.g. the control's own spread).
     extra_noise: list[float]
-    engagement: grading.Engagement
     phases: dict[str, float]
     extra: dict[str, Any] = field(default_factory=dict)
     # With a connector attached: this result is the APC run with it, and `reference` the
@@ -214,31 +213,6 @@ def compare_wave(
 
 def _distinct(completions: list[Completion], *, by_text: bool) -> int:
     return len({c.text if by_text else c.token_ids for c in completions})
-
-
-def engagement_of(
-    counters: dict[str, Counters],
-    waves: list[str],
-    completions: list[Completion],
-    *,
-    draft_runs: list[str] | None = None,
-) -> grading.Engagement:
-    """Counter deltas of the APC run's waves, plus the cached tokens its requests report.
-
-    Drafts are summed over `draft_runs` (default: the same waves): upstream's cold-race reads
-    them after the liveness probe's long decode, because short stop-bounded answers may
-    legitimately draft nothing.
-    """
-    total = Counters()
-    for name in waves:
-        total = total + counters[name]
-    drafts = sum(counters[name].spec_decode_num_drafts for name in (draft_runs or waves))
-    return grading.Engagement(
-        prefix_cache_queries=total.prefix_cache_queries,
-        prefix_cache_hits=total.prefix_cache_hits,
-        spec_decode_num_drafts=drafts,
-        cached_prompt_tokens=sum(c.num_cached_tokens or 0 for c in completions),
-    )
 
 
 def sampling_plan(profile: Profile) -> dict[str, dict[str, dict[str, Any]]]:

@@ -23,7 +23,6 @@ from repro.arms.common import (
     PhaseTimer,
     answer_sampling,
     compare_wave,
-    engagement_of,
     ladder_rungs,
     record,
     run_wave,
@@ -155,7 +154,6 @@ def _result(prepared: dict, run: dict, control, ctl_w1, codes, timer) -> ArmResu
         control=control,
         liveness=None,
         extra_noise=[],
-        engagement=engagement_of(apc.counters, ["wave1", "wave2"], apc_w1 + apc_w2),
         phases=timer.seconds,
         extra={
             "first_turn_tokens": prepared["first_turn_tokens"],

@@ -73,26 +73,13 @@ def regrade(doc: dict[str, Any], *, as_recorded: bool = False) -> grading.Verdic
     ``signal.control_spread_gate`` existed re-grades without it): how it was graded then,
     never what `verify` accepts."""
     waves, noise = waves_from_document(doc)
-    apc = doc["counters"]["apc"]
-    graded_waves = [w.name for w in waves]
     live = doc["figures"].get("liveness")
     # Artifacts from before the rules were recorded were graded by the kit's own.
     rules = (doc.get("signal") or {}).get("rules") or grading.RULES_KIT
-    # Upstream reads drafts after the liveness probe's long decode: every APC counter entry.
-    draft_runs = list(apc) if rules == grading.RULES_UPSTREAM else graded_waves
     return grading.grade(
         signal=doc["signal"]["kind"],
         waves=waves,
-        engagement=grading.Engagement(
-            prefix_cache_queries=sum(apc[w]["prefix_cache_queries"] for w in graded_waves),
-            prefix_cache_hits=sum(apc[w]["prefix_cache_hits"] for w in graded_waves),
-            spec_decode_num_drafts=sum(apc[w]["spec_decode_num_drafts"] for w in draft_runs),
-            cached_prompt_tokens=sum(
-                r["num_cached_tokens"] or 0
-                for fig in doc["figures"]["waves"]
-                for r in fig["per_request"]
-            ),
-        ),
+        engagement=grading.engagement_of(doc["counters"]["apc"], waves, rules),
         liveness=(
             grading.Liveness(
                 live["prompt_tokens"],
