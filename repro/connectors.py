@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Any
 
 from repro import redaction
 from repro.errors import ReproError
+from repro.jsonread import JSONUnreadable, parse_json_text
 
 PROBE_MODULE = "repro.vllm_plugin.probe_connector"
 # Built-in names: (module path or None for vLLM's registry, class, package it needs).
@@ -169,12 +169,13 @@ def _extra_config(text: str | None) -> dict[str, Any]:
     if text is None:
         return {}
     try:
-        value = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:
+        value = parse_json_text(text, "--connector-config")
+    except JSONUnreadable as exc:
+        found = str(exc).removeprefix("--connector-config: ")[:120]
         raise ConnectorRefused(
-            f"--connector-config is not JSON ({str(exc)[:80]}); expected an object such as "
-            "'{\"size\": 2}'"
-        ) from exc
+            f"--connector-config is not JSON the kit reads ({found}); expected an object such "
+            "as '{\"size\": 2}'"
+        ) from None
     if not isinstance(value, dict):
         raise ConnectorRefused(
             f"--connector-config must be a JSON object, got {type(value).__name__}"
