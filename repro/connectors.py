@@ -149,6 +149,11 @@ def _from_file(spec: str, path: Path, cls: str, extra: dict[str, Any]) -> Connec
         tree = ast.parse(path.read_bytes(), filename=str(path))
     except (SyntaxError, ValueError) as exc:
         raise ConnectorRefused(f"--connector {spec!r}: {path} is not valid Python ({exc})") from exc
+    except (RecursionError, MemoryError):  # how Python's parser says "nested too deep"
+        raise ConnectorRefused(
+            f"--connector {spec!r}: {path} nests expressions too deeply for Python to parse; "
+            "expected a connector module"
+        ) from None
     classes = [node.name for node in tree.body if isinstance(node, ast.ClassDef)]
     if cls not in classes:
         raise ConnectorRefused(

@@ -409,6 +409,8 @@ def get_profile(name: str) -> Profile:
 
 # Settings the kit sets from its own flags: an override would make the record lie about them.
 KIT_SET_SETTINGS = ("model",)
+# Words a value is JSON by (NaN and Infinity: Python's json takes them, the kit refuses them).
+JSON_WORDS = ("true", "false", "null", "NaN", "Infinity")
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
@@ -433,7 +435,7 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         try:
             overrides[key] = parse_json_text(raw, where)
         except JSONUnreadable as exc:
-            if raw[:1] in '{["-' or raw[:1].isdigit() or raw in ("true", "false", "null"):
+            if raw[:1] in '{["-' or raw[:1].isdigit() or raw in JSON_WORDS:
                 shown = raw if len(raw) <= 60 else raw[:60] + "…"
                 raise ReproError(
                     f"{where}={shown}: expected a JSON value "
