@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Any
 
 from repro import redaction
 from repro.errors import ReproError
+from repro.jsonread import JSONUnreadable, parse_json_text
 
 PROBE_MODULE = "repro.vllm_plugin.probe_connector"
 # Built-in names: (module path or None for vLLM's registry, class, package it needs).
@@ -149,6 +149,11 @@ def _from_file(spec: str, path: Path, cls: str, extra: dict[str, Any]) -> Connec
         tree = ast.parse(path.read_bytes(), filename=str(path))
     except (SyntaxError, ValueError) as exc:
         raise ConnectorRefused(f"--connector {spec!r}: {path} is not valid Python ({exc})") from exc
+    except (RecursionError, MemoryError):  # how Python's parser says "nested too deep"
+        raise ConnectorRefused(
+            f"--connector {spec!r}: {path} nests expressions too deeply for Python to parse; "
+            "expected a connector module"
+        ) from None
     classes = [node.name for node in tree.body if isinstance(node, ast.ClassDef)]
     if cls not in classes:
         raise ConnectorRefused(
@@ -169,12 +174,13 @@ def _extra_config(text: str | None) -> dict[str, Any]:
     if text is None:
         return {}
     try:
-        value = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:
+        value = parse_json_text(text, "--connector-config")
+    except JSONUnreadable as exc:
+        found = str(exc).removeprefix("--connector-config: ")[:120]
         raise ConnectorRefused(
-            f"--connector-config is not JSON ({str(exc)[:80]}); expected an object such as "
-            "'{\"size\": 2}'"
-        ) from exc
+            f"--connector-config is not JSON the kit reads ({found}); expected an object such "
+            "as '{\"size\": 2}'"
+        ) from None
     if not isinstance(value, dict):
         raise ConnectorRefused(
             f"--connector-config must be a JSON object, got {type(value).__name__}"

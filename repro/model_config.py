@@ -21,18 +21,19 @@ are read.
 
 from __future__ import annotations
 
-import json
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from repro.errors import ReproError
+from repro.jsonread import JSONUnreadable, parse_json_bytes, read_json
 
 RECURRENT_LAYER_NAMES = ("linear_attention", "mamba", "mamba2", "gated_deltanet")
 MTP_COUNT_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")
 NESTED_CONFIG_KEYS = ("text_config", "language_config", "llm_config")
 MTP_TENSOR_PREFIXES = ("mtp.", "model.mtp.", "language_model.mtp.")
+SAFETENSORS_HEADER_MAX = 100 << 20  # the format's own bound on its JSON header
 
 
 class ModelUnsupported(ReproError):
@@ -102,11 +103,13 @@ def config_path(model: str) -> Path:
 def read_config(model: str) -> tuple[dict[str, Any], Path]:
     path = config_path(model)
     try:
-        config = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ModelConfigUnavailable(f"cannot read {path}: {exc}") from exc
+        config = read_json(path)
+    except JSONUnreadable as exc:
+        raise ModelConfigUnavailable(f"cannot read the model's config: {exc}") from None
     if not isinstance(config, dict):
-        raise ModelConfigUnavailable(f"{path} is not a JSON object")
+        raise ModelConfigUnavailable(
+            f"{path}: a JSON {type(config).__name__}; expected the model's config object"
+        )
     return config, path
 
 
@@ -124,7 +127,7 @@ def shape_of(config: dict[str, Any], model_dir: Path | None = None) -> ModelShap
         if not mtp:
             for key in MTP_COUNT_KEYS:
                 value = level.get(key)
-                if isinstance(value, int) and value > 0:
+                if _count(value) > 0:
                     mtp, mtp_source = value, prefix + key
                     break
     if not mtp and model_dir is not None:
@@ -132,7 +135,9 @@ def shape_of(config: dict[str, Any], model_dir: Path | None = None) -> ModelShap
         if tensors:
             # A head is there; its layer count is not declared. One is what vLLM assumes.
             mtp, mtp_source = 1, f"{tensors} mtp.* tensors in the checkpoint"
-    architectures = config.get("architectures") or []
+    architectures = config.get("architectures")
+    if not isinstance(architectures, list):  # a string would read as one name per letter
+        architectures = []
     return ModelShape(
         model_type=config.get("model_type"),
         architectures=tuple(str(a) for a in architectures),
@@ -179,9 +184,14 @@ def _recurrent_layers(level: dict[str, Any]) -> tuple[int, str]:
             return count, "layers_block_type"
     interval = level.get("full_attention_interval")
     layers = level.get("num_hidden_layers")
-    if isinstance(interval, int) and interval > 1 and isinstance(layers, int):
+    if _count(interval) > 1 and _count(layers) > 0:
         return layers - layers // interval, "full_attention_interval"
     return 0, ""
+
+
+def _count(value: Any) -> int:
+    """`value` if it is a whole number (JSON's `true` is not one), else 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _mtp_tensor_count(model_dir: Path) -> int:
@@ -189,21 +199,48 @@ def _mtp_tensor_count(model_dir: Path) -> int:
     names: list[str] = []
     index = model_dir / "model.safetensors.index.json"
     try:
-        if index.is_file():
-            names = list(json.loads(index.read_text()).get("weight_map", {}))
+        if index.exists() or index.is_symlink():
+            names = _index_names(index)
         else:
             for shard in sorted(model_dir.glob("*.safetensors")):
                 names += _safetensors_names(shard)
-    except (OSError, ValueError, struct.error):
+    except JSONUnreadable as exc:
+        raise ModelConfigUnavailable(f"cannot read the model's weight names: {exc}") from None
+    except (OSError, struct.error):
         return 0
     return sum(1 for n in names if n.startswith(MTP_TENSOR_PREFIXES))
+
+
+def _index_names(index: Path) -> list[str]:
+    doc = read_json(index)
+    weight_map = doc.get("weight_map", {}) if isinstance(doc, dict) else None
+    if not isinstance(weight_map, dict):
+        raise ModelConfigUnavailable(
+            f"{index}: expected an object with a weight_map object (tensor name -> shard), "
+            f"found {_kind(doc if weight_map is None else weight_map)}"
+        )
+    return list(weight_map)
 
 
 def _safetensors_names(path: Path) -> list[str]:
     """Tensor names from a safetensors header (8-byte length, then JSON), without torch."""
     with path.open("rb") as handle:
         (length,) = struct.unpack("<Q", handle.read(8))
-        if length > 100 << 20:
-            raise ValueError(f"implausible safetensors header of {length} bytes in {path}")
-        header = json.loads(handle.read(length))
+        if length > SAFETENSORS_HEADER_MAX:
+            raise ModelConfigUnavailable(
+                f"{path}: a safetensors header of {length} bytes; the format allows at most "
+                f"{SAFETENSORS_HEADER_MAX}"
+            )
+        header = parse_json_bytes(
+            handle.read(length), f"{path} (safetensors header)", max_bytes=SAFETENSORS_HEADER_MAX
+        )
+    if not isinstance(header, dict):
+        raise ModelConfigUnavailable(
+            f"{path}: a safetensors header that is {_kind(header)}; expected an object of "
+            "tensor name -> dtype, shape and offsets"
+        )
     return [name for name in header if name != "__metadata__"]
+
+
+def _kind(value: Any) -> str:
+    return f"a JSON {type(value).__name__}" if value is not None else "null"

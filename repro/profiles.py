@@ -7,12 +7,12 @@ random-weight model; its numbers are scaled, not copied, and each says why.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from repro.errors import ReproError
 from repro.gpu_host import CPU_HOST_ENV, GPU_HOST_ENV
+from repro.jsonread import JSONUnreadable, parse_json_text
 
 ARMS = ("cold-race", "multi-turn")
 
@@ -409,6 +409,8 @@ def get_profile(name: str) -> Profile:
 
 # Settings the kit sets from its own flags: an override would make the record lie about them.
 KIT_SET_SETTINGS = ("model",)
+# Words a value is JSON by (NaN and Infinity: Python's json takes them, the kit refuses them).
+JSON_WORDS = ("true", "false", "null", "NaN", "Infinity")
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
@@ -429,13 +431,20 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
                 f"--override {key}=...: the kit sets {key!r} itself (use --model-path for the "
                 "model), so the record would not say what ran"
             )
+        where = f"--override {key}"
         try:
-            overrides[key] = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            if raw[:1] in '{["-' or raw[:1].isdigit() or raw in ("true", "false", "null"):
+            overrides[key] = parse_json_text(raw, where)
+        except JSONUnreadable as exc:
+            if raw[:1] in '{["-' or raw[:1].isdigit() or raw in JSON_WORDS:
+                shown = raw if len(raw) <= 60 else raw[:60] + "…"
                 raise ReproError(
-                    f"--override {key}={raw}: expected a JSON value ({exc.msg} at column "
-                    f"{exc.colno}); quote a string as JSON, e.g. {key}='\"text\"'"
+                    f"{where}={shown}: expected a JSON value "
+                    f"({str(exc).removeprefix(where + ': ')}); quote a string as JSON, e.g. "
+                    f"{key}='\"text\"'"
                 ) from None
-            overrides[key] = raw  # a bare string such as dtype=bfloat16
+            if not raw.isprintable():  # a bare string is a word such as dtype=bfloat16
+                raise ReproError(
+                    f"{where}={raw!r}: a bare value must be printable text; quote it as JSON"
+                ) from None
+            overrides[key] = raw
     return overrides

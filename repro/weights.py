@@ -38,6 +38,7 @@ from typing import Any
 from repro.atomicio import sha256_file, write_json_atomic
 from repro.clock import utc_text
 from repro.errors import ReproError
+from repro.jsonread import JSONUnreadable, read_json
 
 __all__ = [
     "ALLOW_PATTERNS",
@@ -128,12 +129,12 @@ def snapshot_dir(cache: Path, repo_id: str, revision: str) -> Path:
 
 
 def _read_lock(lock_path: Path) -> dict[str, Any]:
-    try:
-        doc = json.loads(Path(lock_path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    if not (Path(lock_path).exists() or Path(lock_path).is_symlink()):
         return {"format": "repro-weights-lock", "format_version": 1, "models": {}}
-    except json.JSONDecodeError as exc:
-        raise WeightsError(f"lock file {lock_path} is not JSON: {exc}") from None
+    try:
+        doc = read_json(Path(lock_path))
+    except JSONUnreadable as exc:
+        raise WeightsError(f"lock file {exc}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("models"), dict):
         raise WeightsError(f"lock file {lock_path} has no 'models' object")
     return doc
@@ -328,12 +329,12 @@ def validate_manifest(doc: Any) -> None:
 
 def _load_manifest(snapshot: Path) -> dict[str, Any] | None:
     path = Path(snapshot) / MANIFEST_NAME
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    if not (path.exists() or path.is_symlink()):
         return None
-    except json.JSONDecodeError as exc:
-        raise WeightsError(f"{path} is not JSON: {exc}") from None
+    try:
+        doc = read_json(path)
+    except JSONUnreadable as exc:
+        raise WeightsError(str(exc)) from None
     validate_manifest(doc)
     return doc
 

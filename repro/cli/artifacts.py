@@ -7,7 +7,6 @@ kit-digest  this kit's source digest; with artifacts, whether they ran this code
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 
@@ -24,15 +23,17 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 def cmd_kit_digest(args: argparse.Namespace) -> int:
     from repro.envinfo import kit_source_sha256
+    from repro.jsonread import JSONUnreadable, read_json
 
     mine = kit_source_sha256()
     print(mine)
     differ = 0
     for path in args.files:
         try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            print(f"{path}: not a readable artifact ({exc}); expected a run's <arm>.json")
+            doc = read_json(path)
+        except JSONUnreadable as exc:
+            detail = str(exc).removeprefix(f"{path}: ")
+            print(f"{path}: not a readable artifact ({detail}); expected a run's <arm>.json")
             differ += 1
             continue
         kit = doc.get("kit") if isinstance(doc, dict) else None
@@ -46,6 +47,9 @@ def cmd_kit_digest(args: argparse.Namespace) -> int:
             differ += 1
         elif recorded == mine:
             print(f"{path}: ran this code")
+        elif not isinstance(recorded, str):
+            print(f"{path}: kit.source_sha256 is {recorded!r}; expected a sha256 hex string")
+            differ += 1
         else:
             print(f"{path}: ran other code ({recorded[:12]}…)")
             differ += 1

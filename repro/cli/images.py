@@ -280,12 +280,29 @@ def cmd_cuda_wheelhouse(args: argparse.Namespace) -> int:
 
 def cmd_lock_compare(args: argparse.Namespace) -> int:
     from repro.containers.cuda import compare_records
+    from repro.jsonread import read_json
 
-    result = compare_records(
-        json.loads(args.image_record.read_text()), json.loads(args.manifest.read_text())
-    )
+    record = _checked(read_json(args.image_record), args.image_record, "image-record", 1)
+    manifest = read_json(args.manifest)
+    version = manifest.get("format_version") if isinstance(manifest, dict) else None
+    manifest = _checked(manifest, args.manifest, "install-set", version if version in (1, 2) else 2)
+    result = compare_records(record, manifest)
     print(json.dumps(result, indent=2))
     return 0 if result["equal"] else 1
+
+
+def _checked(doc, path: Path, schema: str, version: int):
+    """`doc` once it matches schemas/<schema>.v<version>.schema.json; else refused by name."""
+    from repro.artifact import schema_violations
+
+    violations = schema_violations(doc, schema, version)
+    if violations:
+        lines = "\n".join(f"  - {v}" for v in violations)
+        raise ReproError(
+            f"{path}: does not match schemas/{schema}.v{version}.schema.json "
+            f"({len(violations)} violation(s)); give the file the kit wrote:\n{lines}"
+        )
+    return doc
 
 
 def cmd_image_check(args: argparse.Namespace) -> int:

@@ -47,6 +47,7 @@ from repro import KIT_SOURCE, __version__
 from repro.atomicio import open_atomic, sha256_stream, write_json_atomic, write_text_atomic
 from repro.clock import utc_text
 from repro.errors import ReproError
+from repro.jsonread import JSONUnreadable, parse_json_bytes, read_json, read_json_bytes
 
 DEFAULT_IMAGES_DIR = KIT_SOURCE / "artifacts" / "images"
 _CHUNK = 8 << 20
@@ -92,6 +93,12 @@ def _validate(doc: Any, schema: str, where: str) -> None:
         raise HandoffError(f"{where} does not match schemas/{schema}.v1.schema.json:\n{lines}")
 
 
+def _validity(doc: Any, schema: str) -> bool:
+    from repro.artifact import schema_violations
+
+    return not schema_violations(doc, schema)
+
+
 def find_image_record(images_dir: Path | None, schema_tag: str, ids: set[str]) -> bytes | None:
     """The bytes of a record (``schema`` ``schema_tag``) of one of the images ``ids`` in the
     images folder, where build-image and import-image write them; None if there is none."""
@@ -101,10 +108,10 @@ def find_image_record(images_dir: Path | None, schema_tag: str, ids: set[str]) -
         if file.is_symlink():
             continue  # a record is a file the kit wrote here, never a link to one elsewhere
         try:
-            data = file.read_bytes()
-            doc = json.loads(data)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            continue
+            data = read_json_bytes(file)
+            doc = parse_json_bytes(data, str(file))
+        except JSONUnreadable:
+            continue  # not a record (or a damaged one): no image is matched by it
         if isinstance(doc, dict) and doc.get("schema") == schema_tag:
             if (doc.get("image") or {}).get("id") in ids:
                 return data
@@ -163,16 +170,16 @@ def export_image(
 
 def read_archive_record(archive: Path, record: Path | None = None) -> tuple[dict, bytes, Path]:
     path = record or record_path_for(archive)
-    if not path.is_file():
+    if not (path.exists() or path.is_symlink()):
         raise HandoffError(
             f"no archive record {path}: import-image needs the {archive.name}.json that "
             f"export-image wrote next to the archive (or give it with --record)"
         )
-    raw = path.read_bytes()
     try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise HandoffError(f"{path}: not JSON ({exc})") from exc
+        raw = read_json_bytes(path)
+        doc = parse_json_bytes(raw, str(path))
+    except JSONUnreadable as exc:
+        raise HandoffError(f"{exc}; give the record export-image wrote") from None
     _validate(doc, "image-archive", str(path))
     return doc, raw, path
 
@@ -269,9 +276,9 @@ def inspect_archive(handle: BinaryIO) -> ArchivePlan:
         if length > _SMALL_MEMBER:
             raise _refuse(f"has a {length}-byte {name}; docker writes a few KiB")
         try:
-            return json.loads(_read_at(handle, offset, length))
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-            raise _refuse(f"has a {name} that is not JSON ({exc})") from exc
+            return parse_json_bytes(_read_at(handle, offset, length), name)
+        except JSONUnreadable as exc:
+            raise _refuse(f"has a {name} that is not readable JSON ({exc})") from exc
 
     if "manifest.json" in links or "manifest.json" not in regular:
         raise _refuse("has no manifest.json file; it was not written by `docker save`")
@@ -320,18 +327,12 @@ def inspect_archive(handle: BinaryIO) -> ArchivePlan:
         raise _refuse(f"has a {length}-byte image config; docker writes a few KiB")
     config = _read_at(handle, offset, length)
     try:
-        parsed = json.loads(config)
+        parsed = parse_json_bytes(config, config_name)
         labels = (parsed.get("config") or {}).get("Labels") or {}
         diff_ids = (parsed.get("rootfs") or {}).get("diff_ids") or []
         if not isinstance(labels, dict) or not isinstance(diff_ids, list):
             raise TypeError("Labels or rootfs.diff_ids of the wrong type")
-    except (
-        UnicodeDecodeError,
-        json.JSONDecodeError,
-        RecursionError,
-        AttributeError,
-        TypeError,
-    ) as exc:
+    except (JSONUnreadable, AttributeError, TypeError) as exc:
         raise _refuse(f"has an image config that is not an image config ({exc})") from exc
     if len(diff_ids) != len(resolved):
         raise _refuse(f"has {len(resolved)} layers for an image config of {len(diff_ids)} layers")
@@ -569,10 +570,12 @@ def location_image(image_id: str, labels: dict[str, str], images_dir: Path = DEF
             if file.is_symlink():
                 continue
             try:
-                doc = json.loads(file.read_bytes())
-            except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+                doc = read_json(file)
+            except JSONUnreadable:
                 continue
-            if doc.get("schema") == "repro-kit/image-import" and doc["image"]["id"] == image_id:
+            if not isinstance(doc, dict) or doc.get("schema") != "repro-kit/image-import":
+                continue
+            if _validity(doc, "image-import") and doc["image"]["id"] == image_id:
                 image["archive_sha256"] = doc["archive"]["sha256"]
     return image
 

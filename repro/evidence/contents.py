@@ -8,7 +8,6 @@ Each check takes the members (path -> bytes) and the manifest and adds named lin
 from __future__ import annotations
 
 import hashlib
-import json
 import posixpath
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ from repro.evidence.bundle import MANIFEST_NAME, SUMMARY_NAME, log_excerpt
 from repro.evidence.report import render
 from repro.evidence.runs import SCHEMA_OF_KIND, runs_from_files
 from repro.evidence.verdicts import check_verdict
+from repro.jsonread import JSONUnreadable, parse_json_bytes
 
 
 @dataclass
@@ -76,9 +76,9 @@ def check_manifest(members: dict[str, bytes], result: VerifyResult) -> dict[str,
         result.fail(f"no {MANIFEST_NAME}: without it no file can be checked")
         return None
     try:
-        manifest = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        result.fail(f"{MANIFEST_NAME}: not JSON ({exc})")
+        manifest = parse_json_bytes(raw, MANIFEST_NAME)
+    except JSONUnreadable as exc:
+        result.fail(str(exc))
         return None
     violations = schema_violations(manifest, "bundle-manifest")
     if violations:
@@ -140,9 +140,9 @@ def check_json(
         if schema is None or name not in members:
             continue
         try:
-            doc = json.loads(members[name])
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            result.fail(f"{name}: not JSON ({exc})")
+            doc = parse_json_bytes(members[name], name)
+        except JSONUnreadable as exc:
+            result.fail(str(exc))
             continue
         violations = schema_violations(doc, schema)
         for line in violations:
@@ -208,8 +208,8 @@ def check_logs(
             result.fail(f"{name}: a run artifact outside runs/<label>/")
             continue
         try:  # invalid artifacts are named above; here only which arm each file is
-            arm = json.loads(members[name]).get("arm")
-        except (UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+            arm = parse_json_bytes(members[name], name).get("arm")
+        except (JSONUnreadable, AttributeError):
             continue
         arms_by_label.setdefault(parts[1], set()).add(arm)
         files_by_arm.setdefault((parts[1], arm), []).append(name)

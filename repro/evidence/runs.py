@@ -13,7 +13,6 @@ made from valid evidence only.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any
 
 from repro.artifact import schema_violations
 from repro.errors import ReproError
-from repro.jsonread import JSONUnreadable, parse_json_bytes, read_json
+from repro.jsonread import JSONUnreadable, parse_json_bytes, read_json, read_json_bytes
 
 ARM_ORDER = ("cold-race", "multi-turn")
 IMAGE_RECORD_NAME = "image-record.json"
@@ -73,7 +72,7 @@ def load_run_dir(path: Path) -> Run:
             )
         if file.name in (IMAGE_RECORD_NAME, IMAGE_IMPORT_NAME, WEIGHTS_MANIFEST_NAME):
             kind = _kind_of_name(file.name)
-            records[kind] = parse_json(file.read_bytes(), str(file), kind)
+            records[kind] = parse_json(_read_bytes(file), str(file), kind)
             continue
         doc = _read_json(file)
         if not (isinstance(doc, dict) and "arm" in doc and "schema_version" in doc):
@@ -115,7 +114,7 @@ def runs_from_files(
         for name, kind in kinds.items():
             if not name.startswith(prefix) or kind not in SCHEMA_OF_KIND:
                 continue
-            doc = json.loads(contents[name])
+            doc = parse_json(contents[name], f"{source}#{name}", kind)  # verified: valid
             key = doc["arm"] if kind == "run-artifact" else kind
             if key in (documents if kind == "run-artifact" else records):
                 raise EvidenceError(  # verify refuses this too; never keep only the last one
@@ -154,6 +153,13 @@ def parse_json(data: bytes, where: str, kind: str) -> dict[str, Any]:
         raise EvidenceError(str(exc)) from None
     _require_valid(doc, SCHEMA_OF_KIND[kind], where)
     return doc
+
+
+def _read_bytes(file: Path) -> bytes:
+    try:
+        return read_json_bytes(file)
+    except JSONUnreadable as exc:
+        raise EvidenceError(str(exc)) from None
 
 
 def _read_json(file: Path) -> Any:
