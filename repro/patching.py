@@ -36,18 +36,18 @@ def check_python_only(patch: Path) -> None:
     """Refuse ``patch`` unless it is a unified diff of Python files inside the vllm package."""
     patch = Path(patch)
     for section in unified_diff.parse(patch):
-        others = [f for f in section.paths if not f.endswith(".py")]
-        if others:
-            raise PatchError(
-                f"{patch}: line {section.line}: touches non-Python files {others}; only "
-                f"Python-only diffs can be applied to an installed vLLM"
-            )
-        outside = [f for f in section.paths if f.split("/", 1)[0] != "vllm"]
-        if outside:
-            raise PatchError(
-                f"{patch}: line {section.line}: touches files outside the vllm package "
-                f"{outside}; paths must look like a/vllm/... as in a vLLM pull request's diff"
-            )
+        for name, line in section.named():
+            if not name.endswith(".py"):
+                raise PatchError(
+                    f"{patch}: line {line}: touches non-Python files [{name!r}]; only "
+                    f"Python-only diffs can be applied to an installed vLLM"
+                )
+            if name.split("/", 1)[0] != "vllm":
+                raise PatchError(
+                    f"{patch}: line {line}: touches files outside the vllm package [{name!r}] "
+                    f"(after `patch -p1` strips the a/ or b/); paths must look like "
+                    f"a/vllm/... as in a vLLM pull request's diff"
+                )
 
 
 def check_site(site_packages: Path) -> None:

@@ -62,6 +62,11 @@ class FileDiff:
     def paths(self) -> list[str]:
         return [p for p in (self.old, self.new) if p is not None]
 
+    def named(self) -> list[tuple[str, int]]:
+        """Each path with the line that names it (`---` then `+++`)."""
+        pairs = ((self.old, self.line), (self.new, self.line + 1))
+        return [(p, n) for p, n in pairs if p is not None]
+
 
 def read_lines(path: Path) -> list[str]:
     """The diff's lines, refusing a directory, a missing file and anything that is not text."""
