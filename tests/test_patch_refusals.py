@@ -254,9 +254,9 @@ def test_an_environment_whose_install_fails_is_removed(tmp_path):
     done = kit("engine-env", "--vllm", "99.99.99", env=pip_env(index, cache))
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
-    assert done.stderr.splitlines()[-1].startswith(
-        "error: pip download --no-deps --dest "
-    ), done.stderr
+    assert done.stderr.splitlines()[-1].startswith("error: pip download --no-deps --dest "), (
+        done.stderr
+    )
     assert "removing the engine environment it could not make" in done.stdout
     # Only the lock file beside where the environment was is left; no environment.
     assert [p.name for p in (cache / "envs").iterdir()] == [

@@ -342,7 +342,7 @@ def local_dry_run(items: list[Condition], out_dir: Path) -> str:
             f"#   {item.name}: {what}; {cell.describe_env(item)} "
             f"(environment {'reused' if made else 'made'}); arms {', '.join(item.arms)}"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines)
 
 
 def load_items(args) -> tuple[list[Condition | BadCondition], Path | None]:
