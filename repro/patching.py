@@ -1,9 +1,11 @@
 """Python-only patch overlays on an installed vLLM (`--patch FILE`).
 
 The seed cross-verified fix PRs by hand-porting them onto one vLLM tree; `--patch` does the
-same to an engine environment's installed `vllm` package. Only diffs that touch `.py` files
-are accepted (compiled kernels cannot be patched in place), and a patch that does not apply
-is refused before anything is changed, naming the failing hunks.
+same to an engine environment's installed `vllm` package. A patch is read in full first
+(repro.unified_diff): only changes to the text of `.py` files inside the `vllm` package are
+accepted (compiled kernels cannot be patched in place; binary sections, mode changes,
+symlinks, renames, copies and paths that leave the tree are refused, naming the line), and
+a patch that does not apply is refused before anything is changed, naming the failing hunks.
 """
 
 from __future__ import annotations
@@ -16,45 +18,50 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from repro import unified_diff
 from repro.atomicio import sha256_file
 from repro.errors import PatchError
 
 # Written beside the patched `vllm` package, so any run that imports it can record the
 # patches it runs on, whether vLLM lives in a venv or in a plain target directory.
 RECORD_NAME = "repro-patches.json"
-_TARGET = re.compile(r"^\+\+\+ (?:b/)?(\S+)", re.M)
-_SOURCE = re.compile(r"^--- (?:a/)?(\S+)", re.M)
-_HUNK = re.compile(r"^@@ .* @@.*$", re.M)
 
 
 def targets(patch: Path) -> list[str]:
-    text = Path(patch).read_text(encoding="utf-8", errors="replace")
-    names = set(_TARGET.findall(text)) | set(_SOURCE.findall(text))
-    return sorted(n for n in names if n != "/dev/null")
+    """The files ``patch`` changes, relative to the directory it is applied in."""
+    return sorted({name for section in unified_diff.parse(patch) for name in section.paths})
 
 
 def check_python_only(patch: Path) -> None:
+    """Refuse ``patch`` unless it is a unified diff of Python files inside the vllm package."""
     patch = Path(patch)
-    if not patch.is_file():
-        raise PatchError(f"patch file {patch} does not exist")
-    text = patch.read_text(encoding="utf-8", errors="replace")
-    if not _HUNK.search(text):
+    for section in unified_diff.parse(patch):
+        for name, line in section.named():
+            if not name.endswith(".py"):
+                raise PatchError(
+                    f"{patch}: line {line}: touches non-Python files [{name!r}]; only "
+                    f"Python-only diffs can be applied to an installed vLLM"
+                )
+            if name.split("/", 1)[0] != "vllm":
+                raise PatchError(
+                    f"{patch}: line {line}: touches files outside the vllm package [{name!r}] "
+                    f"(after `patch -p1` strips the a/ or b/); paths must look like "
+                    f"a/vllm/... as in a vLLM pull request's diff"
+                )
+
+
+def check_site(site_packages: Path) -> None:
+    """Refuse a --site that does not hold a vllm package (before anything is tried there)."""
+    site = Path(site_packages)
+    if not site.is_dir():
         raise PatchError(
-            f"{patch} is not a unified diff (no '@@ … @@' hunk found); "
-            f"make one with `git diff` or `diff -u`"
+            f"--site {site} is not a directory; give the directory that holds the vllm "
+            f"package (site-packages or a pip --target)"
         )
-    files = targets(patch)
-    others = [f for f in files if not f.endswith(".py")]
-    if others:
+    if not (site / "vllm").is_dir():
         raise PatchError(
-            f"{patch} touches non-Python files {others}; only Python-only diffs can be "
-            f"applied to an installed vLLM"
-        )
-    outside = [f for f in files if not f.startswith("vllm/")]
-    if outside:
-        raise PatchError(
-            f"{patch} touches files outside the vllm package {outside}; paths must look "
-            f"like a/vllm/... as in a vLLM pull request's diff"
+            f"--site {site} holds no vllm package (no {site / 'vllm'}); give the directory "
+            f"that holds it (site-packages or a pip --target)"
         )
 
 
@@ -94,9 +101,11 @@ def apply_patches(patches: list[Path], site_packages: Path) -> list[dict[str, st
     scratch copy of the files they touch, so a later patch that fails (or that only fails
     after an earlier one) leaves the site as it was."""
     patches = [Path(p).resolve() for p in patches]
+    for patch in patches:
+        check_python_only(patch)
+    check_site(site_packages)
     with tempfile.TemporaryDirectory(prefix="repro-patch-") as scratch:
         for patch in patches:
-            check_python_only(patch)
             for name in targets(patch):
                 source, copy = Path(site_packages) / name, Path(scratch) / name
                 if source.is_file() and not copy.exists():
@@ -121,7 +130,7 @@ def applied_patches() -> list[dict[str, str]]:
 
 def _describe_failure(patch: Path, output: str) -> str:
     """Name each failing hunk with its file and header, from patch's own report."""
-    text = patch.read_text(encoding="utf-8", errors="replace")
+    sections = unified_diff.parse(patch)
     failures = []
     current = None
     for line in output.splitlines():
@@ -131,7 +140,8 @@ def _describe_failure(patch: Path, output: str) -> str:
         m = re.match(r"Hunk #(\d+) FAILED at (\d+)", line)
         if m:
             number = int(m.group(1))
-            failures.append(f"{current}: hunk #{number} {_hunk_header(text, current, number)}")
+            header = _hunk_header(sections, current, number)
+            failures.append(f"{current}: hunk #{number} {header}")
         if "can't find file" in line or "No file to patch" in line:
             failures.append(f"{current or '?'}: file not found in the installed vLLM")
         if "Reversed (or previously applied) patch detected" in line:
@@ -143,13 +153,8 @@ def _describe_failure(patch: Path, output: str) -> str:
     )
 
 
-def _hunk_header(text: str, filename: str | None, number: int) -> str:
-    if filename is None:
-        return ""
-    sections = re.split(r"^--- ", text, flags=re.M)
+def _hunk_header(sections: list[unified_diff.FileDiff], filename: str | None, number: int) -> str:
     for section in sections:
-        if re.search(rf"^\+\+\+ (?:b/)?{re.escape(filename)}\s*$", section, re.M):
-            hunks = _HUNK.findall(section)
-            if 0 < number <= len(hunks):
-                return hunks[number - 1]
+        if filename in section.paths and 0 < number <= len(section.hunks):
+            return section.hunks[number - 1].header
     return ""

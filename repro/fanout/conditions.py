@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from repro import connectors
+from repro import connectors, engine_env, patching
 from repro.atomicio import sha256_file
 from repro.errors import ReproError
 from repro.profiles import PROFILES
@@ -49,11 +49,15 @@ KEYS = (
     "connector",
     "connector_config",
 )
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,80}$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,80}")
 
 
 class ConditionsFileError(ReproError):
     """The conditions file cannot be read at all (missing, not TOML, no conditions)."""
+
+
+class ConditionsFlagsError(ReproError):
+    """A `--vllm` or `--patch` flag of `matrix` cannot make a condition."""
 
 
 @dataclass(frozen=True)
@@ -178,7 +182,7 @@ def _condition(
     raw_name = table.get("name")
     name = (
         raw_name
-        if isinstance(raw_name, str) and _NAME.match(raw_name)
+        if isinstance(raw_name, str) and _NAME.fullmatch(raw_name)
         else f"condition-{index + 1}"
     )
     arms = table.get("arms", ())
@@ -197,7 +201,7 @@ def _condition(
             close = difflib.get_close_matches(key, KEYS, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             return bad(f"unknown key {key!r}{hint}; a condition has {', '.join(KEYS)}", key)
-    if not (isinstance(raw_name, str) and _NAME.match(raw_name)):
+    if not (isinstance(raw_name, str) and _NAME.fullmatch(raw_name)):
         return bad(
             f"name must be a string of letters, digits and ._+- (it names a run directory), "
             f"got {raw_name!r}",
@@ -269,7 +273,35 @@ def _condition(
 def from_flags(
     *, vllm: list[str], patches: list[Path], overrides: dict[str, Any], profile: str, fault: bool
 ) -> list[Condition]:
-    """The simple case without a file: one condition per --vllm release, sharing the rest."""
+    """The simple case without a file: one condition per --vllm release, sharing the rest.
+
+    The flags are the command line: each release names a run directory, so a malformed or
+    repeated one, and a --patch that is not a Python-only diff, are refused here (all of
+    them at once), before anything is made."""
+    problems = []
+    for index, version in enumerate(vllm):
+        try:
+            engine_env.validate_version(version)
+        except ReproError as exc:
+            problems.append(str(exc))
+        if version in vllm[:index]:
+            problems.append(
+                f"--vllm {version} is given twice; each release is one row and one run "
+                f"directory: give it once"
+            )
+    for patch in patches:
+        try:
+            patching.check_python_only(patch)
+        except ReproError as exc:
+            problems.append(str(exc))
+    problems = list(dict.fromkeys(problems))
+    if len(problems) == 1:
+        raise ConditionsFlagsError(f"{problems[0]} (nothing was made)")
+    if problems:
+        raise ConditionsFlagsError(
+            f"{len(problems)} problems with the matrix flags (nothing was made):\n"
+            + "\n".join(f"  - {p}" for p in problems)
+        )
     arms = PROFILES[profile].arms
     out = []
     for version in vllm:

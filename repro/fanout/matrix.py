@@ -27,13 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from repro import KIT_SOURCE
+from repro import KIT_SOURCE, engine_env
 from repro.artifact import schema_violations
 from repro.atomicio import write_json_atomic, write_text_atomic
 from repro.clock import utc_compact, utc_text
 from repro.errors import ReproError
 from repro.evidence import report
-from repro.fanout import cell, conditions
+from repro.fanout import cell, conditions, precheck
 from repro.fanout.conditions import BadCondition, Condition
 from repro.profiles import parse_overrides
 
@@ -315,6 +315,36 @@ def run_local(p: Plan, *, kit_source: Path, arm_timeout_s: float | None, log=pri
         log(f"[matrix] {item.name}: {states} ({time.monotonic() - started:.0f}s)")
 
 
+def check_out_dir(out: Path) -> Path:
+    """The matrix directory, resolved; refused when it names something that is not one."""
+    if not str(out).strip():
+        raise ReproError("--out is empty; name the matrix directory")
+    target = out.resolve()
+    if target.exists() and not target.is_dir():
+        raise ReproError(
+            f"--out {out} exists and is not a directory; name the matrix directory (new or "
+            f"an earlier matrix's, which is resumed)"
+        )
+    return target
+
+
+def local_dry_run(items: list[Condition], out_dir: Path) -> str:
+    """What `matrix` would do here: each condition, kept or run, in which environment."""
+    lines = [f"# matrix {out_dir}: {len(items)} condition(s); nothing made (--dry-run)"]
+    for item in items:
+        made = (engine_env.env_dir(item.vllm, list(item.patches)) / engine_env.MARKER).is_file()
+        what = (
+            "kept (finished, same content hash)"
+            if is_finished(item, out_dir / item.name)
+            else "run"
+        )
+        lines.append(
+            f"#   {item.name}: {what}; {cell.describe_env(item)} "
+            f"(environment {'reused' if made else 'made'}); arms {', '.join(item.arms)}"
+        )
+    return "\n".join(lines)
+
+
 def load_items(args) -> tuple[list[Condition | BadCondition], Path | None]:
     if args.conditions:
         if args.vllm or args.patch or args.override:
@@ -338,15 +368,14 @@ def cmd_matrix(args) -> int:
         print(message, file=sys.stderr, flush=True)
 
     items, conditions_file = load_items(args)
-    out_dir = args.out.resolve()
+    out_dir = check_out_dir(args.out)
     if args.dry_run:
-        if args.executor != "slurm":
-            raise ReproError("--dry-run shows what --executor slurm would submit; add it")
-        print(
-            slurm.dry_run(
-                items, out_dir, options=slurm.options_from_args(args, items), kit_source=KIT_SOURCE
-            )
-        )
+        options = slurm.options_from_args(args, items) if args.executor == "slurm" else None
+        precheck.refuse_unrunnable(items)
+        if options is not None:
+            print(slurm.dry_run(items, out_dir, options=options, kit_source=KIT_SOURCE))
+        else:
+            print(local_dry_run(items, out_dir))
         return 0
     out_dir.mkdir(parents=True, exist_ok=True)
     slurm.refuse_if_running(out_dir)
@@ -398,7 +427,9 @@ def add_parser(sub) -> None:
     m.add_argument(
         "--dry-run",
         action="store_true",
-        help="with --executor slurm: print the sbatch script and array, submit nothing",
+        help="check every condition as the matrix would and print what it would do (with "
+        "--executor slurm: the sbatch script and array); make and submit nothing; exit 2 "
+        "listing each condition that cannot run",
     )
     from repro.fanout import slurm
 

@@ -1,0 +1,76 @@
+"""`matrix --dry-run`: every check `matrix` makes of a condition before it runs, nothing made.
+
+A real matrix finds a condition that cannot run only when it gets to it (its cells then get
+`error` records, after the environments of the others may have taken many minutes). The dry
+run asks the same questions of every condition first, with the same functions: the table
+itself (repro.fanout.conditions), the release against the package index (one
+`pip index versions` query), each patch's diff (repro.patching), and, where the unpatched
+engine environment already exists, whether each patch applies to it (`patch --dry-run`).
+No environment, run directory or job is made.
+"""
+
+from __future__ import annotations
+
+from repro import engine_env, patching
+from repro.errors import ReproError
+from repro.fanout.conditions import BadCondition, Condition
+
+
+class MatrixCannotRun(ReproError):
+    """`matrix --dry-run` found conditions whose cells cannot run."""
+
+
+def problems(item: Condition | BadCondition) -> list[str]:
+    """Why the condition's cells cannot run; empty when they can."""
+    if isinstance(item, BadCondition):
+        return [item.problem]
+    found = []
+    try:
+        engine_env.check_release(item.vllm)
+    except ReproError as exc:
+        found.append(str(exc))
+    patches_read = True
+    for patch in item.patches:
+        try:
+            patching.check_python_only(patch)
+        except ReproError as exc:
+            found.append(str(exc))
+            patches_read = False
+    if item.patches and patches_read and not found:
+        found += _apply_problems(item)
+    return found
+
+
+def _apply_problems(item: Condition) -> list[str]:
+    """Whether the patches apply, asked of the unpatched environment when it exists already
+    (the real matrix makes it first; a dry run makes nothing)."""
+    base = engine_env.env_dir(item.vllm, [])
+    if not (base / engine_env.MARKER).is_file():
+        return []
+    site = engine_env._site_packages(base)
+    found = []
+    for patch in item.patches:
+        try:
+            patching.check_applies(patch, site)
+        except ReproError as exc:
+            found.append(str(exc))
+    return found
+
+
+def refuse_unrunnable(items: list[Condition | BadCondition]) -> None:
+    """Raise MatrixCannotRun listing every condition that cannot run, with every reason."""
+    bad = {item.name: problems(item) for item in items}
+    bad = {name: found for name, found in bad.items() if found}
+    if not bad:
+        return
+    lines = [
+        f"matrix --dry-run: {len(bad)} of {len(items)} condition(s) cannot run "
+        f"(nothing was made or submitted):"
+    ]
+    for name, found in bad.items():
+        for problem in found:
+            first, *rest = problem.splitlines()
+            lines.append(f"  - {name}: {first}")
+            lines += [f"      {more}" for more in rest]
+    lines.append("fix them and run the --dry-run again")
+    raise MatrixCannotRun("\n".join(lines))
