@@ -410,6 +410,15 @@ def test_install_refuses_a_target_it_cannot_write(set_copy, tmp_path):  # noqa: 
     )
 
 
+def test_an_empty_path_is_refused_not_taken_for_the_current_folder(tmp_path):
+    for args in (("verify", "--parts", ""), ("install", "--parts", tmp_path, "--target", " ")):
+        before = snapshot(tmp_path)
+        result = cli(*args)
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+        assert result.stderr.splitlines()[-1].endswith(": empty; name a folder")
+        assert snapshot(tmp_path) == before
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes in a folder without write permission")
 def test_install_refuses_a_folder_without_write_permission(set_copy, tmp_path):  # noqa: F811
     locked = tmp_path / "locked"
