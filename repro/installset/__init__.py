@@ -20,4 +20,14 @@ from repro.errors import ReproError
 
 
 class InstallSetError(ReproError):
-    """An install set cannot be built, verified or installed; the message says why."""
+    """An install set cannot be built, verified or installed; the message says why. Exit 1:
+    a check failed (a damaged or forged set, a damaged install)."""
+
+    exit_code = 1
+
+
+class BadInstallInput(InstallSetError):
+    """What the command line names cannot be used (a --parts that is no install-set folder, a
+    --target that cannot be written, the wrong Python). Exit 2: bad input."""
+
+    exit_code = 2

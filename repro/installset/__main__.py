@@ -7,10 +7,19 @@ module level, and ``build``'s modules (uv, packaging, jsonschema, rich) only whe
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
-from repro.installset import InstallSetError
+from repro.errors import ReproError
+from repro.installset import BadInstallInput
+
+
+def _path(text: str) -> Path:
+    """A path argument; an empty one would mean the current folder, which no one means."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty; name a folder")
+    return Path(text)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -25,7 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--for-host", type=Path, metavar="FREEZE", help="its `pip list --format=freeze`")
     b.add_argument("--lock", type=Path, help="ship a wheel lock's install-set wheels instead")
     b.add_argument("--wheels-from", type=Path, help="with --lock: link wheels from this folder")
-    b.add_argument("--out", required=True, type=Path, help="output folder (parts + manifest.json)")
+    b.add_argument("--out", required=True, type=_path, help="output folder (parts + manifest.json)")
     b.add_argument("--part-size", default="55MiB", help="size of each part (default 55MiB)")
     b.add_argument("--platform", action="append", metavar="TAG", help="newest tag the host runs")
     b.add_argument("--index-url", help="package index (default https://pypi.org/simple)")
@@ -35,8 +44,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--uv", metavar="PATH", help="the uv binary (default: on PATH or pip's uv)")
     for name, text in [("verify", "check the parts"), ("install", "verify, then pip-install")]:
         c = sub.add_parser(name, help=f"{text} (standard library + pip)")
-        c.add_argument("--parts", required=True, type=Path, help="folder with manifest.json")
-    c.add_argument("--target", required=True, type=Path, help="new or empty folder to install to")
+        c.add_argument("--parts", required=True, type=_path, help="folder with manifest.json")
+    c.add_argument("--target", required=True, type=_path, help="new or empty folder to install to")
     c.add_argument("--replace", action="store_true", help="swap out a TARGET this kit installed")
     return parser
 
@@ -49,11 +58,11 @@ def _build(args: argparse.Namespace) -> None:
     size = parse_size(args.part_size)
     if args.lock:
         if args.vllm or args.python or args.for_host:
-            raise InstallSetError("--lock replaces --vllm, --python and --for-host")
+            raise BadInstallInput("--lock replaces --vllm, --python and --for-host")
         build_from_lock(args.lock, args.out, part_size=size, wheels_from=args.wheels_from)
         return
     if not (args.vllm and args.python and args.for_host):
-        raise InstallSetError("build needs --vllm, --python and --for-host (or --lock)")
+        raise BadInstallInput("build needs --vllm, --python and --for-host (or --lock)")
     exclude = {} if args.include_optional else dict(VLLM_OPTIONAL)
     exclude.update({name: "left out with --exclude" for name in args.exclude})
     target = Target.create(args.python, args.platform or [DEFAULT_PLATFORM])
@@ -71,6 +80,8 @@ def _build(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Exit 0, 1 (a check failed: a damaged or forged set, a damaged install) or 2 (bad input:
+    argparse's own exit code too). A refusal is its message; REPRO_DEBUG=1 adds the traceback."""
     args = _parser().parse_args(argv)
     try:
         if args.command == "build":
@@ -79,14 +90,20 @@ def main(argv: list[str] | None = None) -> int:
             from repro.installset.install import verify
 
             checked = verify(args.parts)
-            print(f"ok: {len(checked.parts)} part(s) match {args.parts / 'manifest.json'}")
+            wheels = len(checked.manifest["wheels"])
+            print(
+                f"ok: {len(checked.parts)} part(s), {wheels} wheel(s) and SHA256SUMS match "
+                f"{args.parts / 'manifest.json'}"
+            )
         else:
             from repro.installset.install import install
 
             install(args.parts, args.target, replace=args.replace)
-    except InstallSetError as exc:
+    except ReproError as exc:
+        if os.environ.get("REPRO_DEBUG") == "1":
+            raise
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return getattr(exc, "exit_code", 2)
     return 0
 
 

@@ -23,7 +23,7 @@ from rich.progress import track
 from repro.artifact import schema_violations
 from repro.atomicio import sha256_file, write_json_atomic, write_text_atomic
 from repro.clock import utc_text
-from repro.installset import InstallSetError, install
+from repro.installset import BadInstallInput, InstallSetError, install
 from repro.installset.host import Target
 from repro.installset.install import Steps, human_bytes, unpacked_bytes
 from repro.installset.lock import locked_packages, make_lock, read_lock
@@ -36,9 +36,12 @@ _UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "KI": 2**10, "MI": 2**20, "
 def parse_size(text: str) -> int:
     """``55MiB`` → 57671680; ``1000`` → 1000; ``2GB`` → 2×10⁹ (SI and IEC units)."""
     m = re.fullmatch(r"(\d+(?:\.\d*)?)\s*([KMG]I?)?B?", text.strip().upper())
-    if not m or float(m[1]) <= 0:
-        raise InstallSetError(f"cannot read the size {text!r}; write e.g. 55MiB, 50MB or 1048576")
-    return int(float(m[1]) * _UNITS[m[2] or ""])
+    if not m or (size := int(float(m[1]) * _UNITS[m[2] or ""])) < 1:
+        raise BadInstallInput(
+            f"--part-size {text!r}: expected a size of at least one byte, e.g. 55MiB, 50MB or "
+            "1048576"
+        )
+    return size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,8 +139,7 @@ def pack_set(
         },
     }
     if problems := schema_violations(manifest, "install-set", install.FORMAT_VERSION):
-        lines = "\n  ".join(problems)
-        raise install.ManifestInvalid(f"the manifest does not satisfy its schema:\n  {lines}")
+        raise install.ManifestInvalid("the manifest the build made", problems)
     write_json_atomic(out_dir / install.MANIFEST_NAME, manifest)
     # `sha256sum -c SHA256SUMS` checks the parts where the kit is not at hand.
     write_text_atomic(
