@@ -182,11 +182,6 @@ def test_verify_refuses_part_size_nan(set_copy):  # noqa: F811
     assert "NaN" in stderr.splitlines()[0]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="repro/jsonread.py keeps the last of duplicate keys; the manifest is read through it "
-    "(issue 31 item 4 has it refuse them)",
-)
 def test_verify_refuses_duplicate_keys(set_copy):  # noqa: F811
     text = (set_copy / MANIFEST_NAME).read_text()
     (set_copy / MANIFEST_NAME).write_text(text.replace("{", '{"part_size": "x", ', 1))
