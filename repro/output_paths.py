@@ -27,7 +27,22 @@ def check_output(out: Path, *, reads: Iterable[Path] = (), force: bool = False) 
     """
     if not str(out).strip():
         raise UnsafeOutput("--out is empty; name the file to write")
-    target = out.resolve()
+    try:
+        target = out.resolve()
+    except (RuntimeError, OSError, ValueError) as exc:
+        # A link loop (RuntimeError on Python 3.11), a NUL byte, a name too long for the file
+        # system: nothing could be written there.
+        raise UnsafeOutput(
+            f"--out {out!r} cannot be resolved to a file ({exc}); name another file"
+        ) from None
+    try:
+        target.lstat()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:  # a name longer than the file system allows, say
+        raise UnsafeOutput(
+            f"--out {str(out)[:80]!r}…: no file can have that name ({exc.strerror})"
+        ) from None
     parent = target.parent
     if not parent.is_dir():
         raise UnsafeOutput(
@@ -38,7 +53,10 @@ def check_output(out: Path, *, reads: Iterable[Path] = (), force: bool = False) 
     if target.exists() and not target.is_file():
         raise UnsafeOutput(f"--out {out} exists and is not a regular file; name a new file")
     for source in reads:
-        source = source.resolve()
+        try:
+            source = source.resolve()
+        except (RuntimeError, OSError, ValueError):
+            continue  # an input that cannot be resolved is not one `out` can lie inside
         if target == source or (source.is_dir() and source in target.parents):
             raise UnsafeOutput(
                 f"--out {out} is inside the evidence this command reads ({source}); writing "

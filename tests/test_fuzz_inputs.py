@@ -26,8 +26,7 @@ jsonread paths 60, conditions 200, overrides 300, vLLM refs 400, release spellin
 connector specs 200, connector files 30, --out 200, CLI 24 (2,474 in all). Each property's
 count of cases and outcomes is printed at the end of the module (run with ``-s`` to see them).
 
-Defects found that belong to modules this suite does not fix are strict xfails at the end,
-each naming its defect.
+The tests at the end pin the defects it found (and that were fixed), one each.
 """
 
 from __future__ import annotations
@@ -636,11 +635,6 @@ def test_the_cli_exits_0_1_or_2_without_a_traceback(cli_tree, command, args):
 # --- defects found here in modules this suite does not fix -----------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: check_output resolves a --out that is a symbolic-link loop with "
-    "Path.resolve, which raises RuntimeError (Python 3.11), not UnsafeOutput",
-)
 def test_out_that_is_a_link_loop_is_refused_by_name(tmp_path):
     (tmp_path / "a").symlink_to(tmp_path / "b")
     (tmp_path / "b").symlink_to(tmp_path / "a")
@@ -648,22 +642,12 @@ def test_out_that_is_a_link_loop_is_refused_by_name(tmp_path):
         check_output(tmp_path / "a")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: check_output lets ValueError (embedded NUL) and OSError (name too long) "
-    "through instead of UnsafeOutput",
-)
 @pytest.mark.parametrize("name", ["a\x00b", "a" * 5000])
 def test_out_that_no_file_system_can_name_is_refused_by_name(tmp_path, name):
     with pytest.raises(UnsafeOutput):
         check_output(tmp_path / name)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: conditions.load lets tomllib's RecursionError through for deeply nested "
-    "TOML (and json.dumps's for deeply nested overrides), not ConditionsFileError",
-)
 @pytest.mark.parametrize(
     "text",
     [
@@ -684,11 +668,6 @@ def test_a_bottomless_conditions_file_is_refused_by_name(tmp_path, text):
     assert all(isinstance(item, conditions.BadCondition) for item in items)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: a patch path with a NUL byte in a conditions file raises ValueError "
-    "(embedded null byte) from Path.resolve, not a BadCondition",
-)
 def test_a_patch_path_with_a_nul_byte_is_a_bad_condition(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text('[[condition]]\nname = "a"\nvllm = "0.32.0"\npatches = ["\\u0000"]\n')
@@ -696,11 +675,6 @@ def test_a_patch_path_with_a_nul_byte_is_a_bad_condition(tmp_path):
     assert isinstance(item, conditions.BadCondition)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: a conditions file's overrides take TOML nan and inf (and would hand them "
-    "to the engine); --override refuses NaN and Infinity",
-)
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
 def test_a_condition_with_a_non_finite_override_is_bad(tmp_path, value):
     path = tmp_path / "c.toml"

@@ -138,6 +138,13 @@ def load(path: Path) -> list[Condition | BadCondition]:
         ) from None
     try:
         data = tomllib.loads(text)
+    except RecursionError:
+        # tomllib parses nested arrays and tables by recursion; a file nested past Python's
+        # limit names no line, only its depth.
+        raise ConditionsFileError(
+            f"{path} is nested deeper than TOML can be read here; conditions files hold flat "
+            "[[condition]] tables as in repro/fanout/conditions.py"
+        ) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConditionsFileError(
             f"{path} is not valid TOML ({exc}); expected [[condition]] tables as in "
@@ -218,8 +225,10 @@ def _condition(
         return bad(f"overrides must be a table of engine settings, got {overrides!r}", "overrides")
     for key, value in overrides.items():
         try:
-            json.dumps(value)
-        except (TypeError, ValueError):
+            # allow_nan=False: TOML's nan and inf are no engine setting (--override refuses
+            # them too); RecursionError: a value nested past what can be recorded.
+            json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError, RecursionError):
             return bad(
                 f"overrides.{key} must be a JSON value (string, number, true/false, list or "
                 f"table), got the TOML {type(value).__name__} {value!r}; quote it as a string",
@@ -256,6 +265,8 @@ def _condition(
             .replace("--connector", "connector"),
             "connector",
         )
+    if any("\x00" in p for p in patches):
+        return bad("patches: a path with a NUL byte names no file; give the diff's path", "patches")
     return Condition(
         name=raw_name,
         vllm=vllm,
