@@ -42,23 +42,6 @@ SETTLE_TIMEOUT_S = 10.0
 # Upstream waits this long for the liveness probe's hits to show before calling them zero.
 LIVENESS_POLL_S = 30.0
 
-# Restored states the fault perturbed, summed over the engines that have shut down, and how
-# many engines' counts could not be read. The count lives with the model runner: in this
-# process (engine core in-process, TP 1) or in worker processes (engine core elsewhere, or
-# TP > 1 even with the engine core here), which die with the engine. So it is read from the
-# workers, at boot and before shutdown, in every mode.
-_FAULTS = {"applied": 0, "unreadable": 0}
-
-
-def faults_applied() -> int:
-    """Restored states the fault perturbed in the engines already shut down."""
-    return _FAULTS["applied"]
-
-
-def fault_counts_unreadable() -> int:
-    """Engines whose workers' fault count could not be read."""
-    return _FAULTS["unreadable"]
-
 
 # Boot errors that mean "this block geometry cannot run the arm", not "the engine is broken".
 _GEOMETRY_BOOT_ERRORS = (
@@ -168,6 +151,11 @@ class Engine:
         self.boot_seconds: float | None = None
         self._llm = None
         self._fault_baseline: list[int] | None = None
+        # Restored states the fault perturbed in this engine ("applied"), or that its workers'
+        # count could not be read ("unreadable"), filled at shutdown, in place: the count
+        # lives with the model runner (in this process, or in worker processes that die with
+        # the engine), so it is read from the workers at boot and before shutdown.
+        self.fault_count: dict[str, Any] = {}
         self._waves = 0
         # The restore witness as the workers report it: hooks installed, failures, totals.
         self.witness_status: dict[str, Any] = {}
@@ -315,15 +303,15 @@ class Engine:
             return None
 
     def _count_faults(self) -> None:
-        """Add this engine's fault count, read from its workers before they shut down."""
+        """This engine's fault count, read from its workers before they shut down."""
         now = self._worker_fault_counts()
         base = self._fault_baseline
         if now is None or base is None or len(now) != len(base):
-            _FAULTS["unreadable"] += 1
+            self.fault_count["unreadable"] = True
             return
         # Every rank perturbs its own shard of the state: the fault reached a request only
         # where it reached every rank.
-        _FAULTS["applied"] += min(n - b for n, b in zip(now, base, strict=True))
+        self.fault_count["applied"] = min(n - b for n, b in zip(now, base, strict=True))
 
     def _worker_geometry(self) -> tuple[set[int], int, int]:
         """Mamba block sizes, cache block size and budget as the workers run them; every

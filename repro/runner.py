@@ -30,6 +30,7 @@ from typing import Any, NoReturn
 
 from repro import connectors, engine_env, gpu_host, grading, progress, redaction
 from repro.arms import record
+from repro.arms.common import fault_counts
 from repro.artifact import (
     ArtifactContainsSecrets,
     ArtifactInvalid,
@@ -470,7 +471,6 @@ def _run_one_arm(arm: str, context: RunContext, out_dir: Path, phases: dict) -> 
     timer = PhaseTimer()
     for name, seconds in phases.items():
         timer.add(name, seconds)
-    faults_before = _faults_applied()
     started = time.monotonic()
     phase = "arm"
     try:
@@ -492,7 +492,7 @@ def _run_one_arm(arm: str, context: RunContext, out_dir: Path, phases: dict) -> 
                 environment=environment,
             )
         doc["run"]["phases_s"] = {k: round(v, 3) for k, v in timer.seconds.items()}
-        _check_fault_active(doc, faults_before)
+        _check_fault_active(doc, result)
     except NotEvidence as exc:
         doc["engine"] = record.engine_section(
             context=context, environment=environment, apc=None, control=None
@@ -538,25 +538,12 @@ def _grade(arm: str, profile: Profile, result) -> grading.Verdict:
     )
 
 
-def _faults_applied() -> tuple[int, int]:
-    """Restored states the fault has perturbed so far (all arms), as the engines' workers
-    counted them, and how many engines' counts could not be read (`repro.engine`)."""
-    if not os.environ.get(FAULT_ENV):
-        return 0, 0
-    from repro import engine
-
-    return engine.faults_applied(), engine.fault_counts_unreadable()
-
-
-def _check_fault_active(doc: dict[str, Any], before: tuple[int, int]) -> None:
-    """An injected fault that never reached the engine would fake a positive control.
-
-    `before` is `_faults_applied()` at the arm's start: the arms share one process, and the
-    figures here are this arm's only.
-    """
+def _check_fault_active(doc: dict[str, Any], result) -> None:
+    """An injected fault that never reached the engine would fake a positive control. The
+    counts are this arm's engines' own (`repro.arms.common.fault_counts`)."""
     if not doc["fault_injection"]["enabled"]:
         return
-    applied, unreadable = (now - then for now, then in zip(_faults_applied(), before, strict=True))
+    applied, unreadable = fault_counts(result)
     if unreadable:
         raise FiguresUnreadable(
             "engagement",

@@ -26,6 +26,8 @@ class RunRecord:
     witness: dict[str, Any] = field(default_factory=dict)
     # Where the counters came from (`Engine.counter_read`: the engine updates it in place).
     counter_read: dict[str, Any] = field(default_factory=dict)
+    # The injected fault's count in this engine (`Engine.fault_count`, filled at shutdown).
+    fault_count: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -51,6 +53,17 @@ def ladder_rungs(connector: Connector | None) -> list[Connector | None]:
     with it (the control, APC off, never has one: vLLM's connectors need the prefix cache's
     block hashes, and the control is the run that reads nothing from any cache)."""
     return [None] if connector is None else [None, connector]
+
+
+def fault_counts(result: ArmResult) -> tuple[int, int]:
+    """Restored states the injected fault perturbed over every engine of an arm (each rung
+    of a ladder, and the control), and how many engines' counts could not be read."""
+    records = {id(r): r for r in (result.apc, result.control)}
+    if result.reference is not None:
+        records.update({id(r): r for r in (result.reference.apc, result.reference.control)})
+    applied = sum(int(r.fault_count.get("applied", 0)) for r in records.values())
+    unreadable = sum(1 for r in records.values() if r.fault_count.get("unreadable"))
+    return applied, unreadable
 
 
 def with_reference(results: list[ArmResult]) -> ArmResult:
@@ -168,6 +181,7 @@ def record(engine: Engine) -> RunRecord:
         dropped_settings=list(engine.dropped_settings),
         boot_seconds=engine.boot_seconds,
         counter_read=engine.counter_read,
+        fault_count=engine.fault_count,
     )
 
 
