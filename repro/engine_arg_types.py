@@ -53,8 +53,8 @@ _MAPPINGS = (dict, collections.abc.Mapping)
 def check_overrides(overrides: dict[str, Any], *, flag: str = "--override") -> OverrideCheck:
     """Refuse an override this Python's vLLM would not take; raises `OverrideRefused`.
 
-    Without an importable vLLM nothing can be checked here: the result says so (the caller
-    prints it), and the run's own vLLM checks again before its engine starts.
+    Without an importable vLLM nothing can be checked: the result says so, and the caller
+    prints it (a run in that Python cannot start an engine either).
     """
     if not overrides:
         return OverrideCheck(checked=True)
@@ -64,9 +64,9 @@ def check_overrides(overrides: dict[str, Any], *, flag: str = "--override") -> O
         return OverrideCheck(
             checked=False,
             notes=[
-                f"{flag} not checked against vLLM's EngineArgs here: vLLM is not importable in "
-                f"this Python ({type(exc).__name__}: {exc}); the engine's vLLM checks the keys "
-                "and values before the engine starts"
+                f"{flag} keys and values not checked: vLLM is not importable in this Python "
+                f"({type(exc).__name__}: {exc}), so its EngineArgs cannot be read; run where "
+                "vLLM is installed (its engine needs it too)"
             ],
         )
     unknown = []

@@ -187,9 +187,9 @@ def test_without_vllm_the_override_check_says_it_did_not_run(engine_python, root
     )
     refused(proc, root, before)
     assert (
-        "[repro] note: --override not checked against vLLM's EngineArgs here: vLLM is not "
-        "importable in this Python (ImportError: hidden by the test); the engine's vLLM checks "
-        "the keys and values before the engine starts"
+        "[repro] note: --override keys and values not checked: vLLM is not importable in this "
+        "Python (ImportError: hidden by the test), so its EngineArgs cannot be read; run where "
+        "vLLM is installed (its engine needs it too)"
     ) in proc.stderr
 
 
