@@ -471,23 +471,6 @@ def freeze_long_lived_objects() -> None:
     gc.freeze()
 
 
-def unknown_settings(keys: list[str]) -> list[str]:
-    """Of `keys`, those this vLLM's `EngineArgs` does not have, each with the nearest name
-    it does have (``"enable_prefix_cachng (did you mean enable_prefix_caching?)"``)."""
-    import difflib
-
-    from vllm.engine.arg_utils import EngineArgs
-
-    known = {f.name for f in dataclasses.fields(EngineArgs)}
-    unknown = []
-    for key in keys:
-        if key in known:
-            continue
-        near = difflib.get_close_matches(key, known, n=1)
-        unknown.append(f"{key} (did you mean {near[0]}?)" if near else key)
-    return unknown
-
-
 def resolve_settings(
     settings: dict[str, Any], optional_settings: dict[str, Any], engine_args_cls
 ) -> tuple[dict[str, Any], list[str]]:

