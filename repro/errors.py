@@ -9,7 +9,7 @@ that stopped it. Any other failure leaves an `error` record. None of them is eve
 
 `python -m repro` turns a `ReproError` into its message and an exit code (repro.cli.main):
 2 for input the command refuses (the default), 1 for a check that failed; `log_path`, where
-an error has one, is printed after the message.
+an error has one, is printed after the message (`full log: PATH`).
 """
 
 from __future__ import annotations

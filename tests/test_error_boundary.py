@@ -55,8 +55,15 @@ def test_a_failed_check_keeps_its_exit_code_and_names_its_log(command, capsys, t
     assert main(["kit-digest"]) == 1
     assert capsys.readouterr().err.splitlines() == [
         "error: the image's Python stack is not the lock's",
-        f"log: {tmp_path / 'b.log'}",
+        f"full log: {tmp_path / 'b.log'}",
     ]
+
+
+def test_a_log_the_message_names_already_is_not_named_twice(command, capsys, tmp_path):
+    log = tmp_path / "b.log"
+    command(ReproError(f"docker build failed; full log: {log}", log_path=log))
+    assert main(["kit-digest"]) == 2
+    assert capsys.readouterr().err == f"error: docker build failed; full log: {log}\n"
 
 
 def test_context_added_to_a_refusal_keeps_its_exit_code_and_log(tmp_path):

@@ -90,8 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             traceback.print_exc()
         print(f"error: {exc}", file=sys.stderr)
-        if exc.log_path is not None:
-            print(f"log: {exc.log_path}", file=sys.stderr)
+        if exc.log_path is not None and str(exc.log_path) not in str(exc):
+            print(f"full log: {exc.log_path}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         if debug:
