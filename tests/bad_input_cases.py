@@ -33,6 +33,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -128,8 +129,7 @@ class Inputs:
 
         wheels = self.root / "wheels"
         wheels.mkdir(exist_ok=True)
-        made = [
-            _wheel(wheels, "tinydep", "2.0", {"tinydep/__init__.py": b"ANSWER = 42\n"}),
+        made = [  # the root first, as a set lists it
             _wheel(
                 wheels,
                 "tinypkg",
@@ -137,6 +137,7 @@ class Inputs:
                 {"tinypkg/__init__.py": b"from tinydep import ANSWER\n"},
                 requires=("tinydep>=2",),
             ),
+            _wheel(wheels, "tinydep", "2.0", {"tinydep/__init__.py": b"ANSWER = 42\n"}),
         ]
         here = f"{sys.version_info[0]}.{sys.version_info[1]}"
         target = Target.create(here, ["manylinux_2_17_x86_64"])
@@ -890,16 +891,31 @@ class Result:
     changed: list[str] = field(default_factory=list)  # existed before, differ or gone after
     created: list[str] = field(default_factory=list)  # did not exist before
     root: str = ""  # the case's folder, shown as T
+    setup_error: str = ""  # the case's inputs could not be made (the command did not run)
+    seconds: float = 0.0  # the command's wall time
 
     @property
     def first_line(self) -> str:
         """The refusal's line: the first `error` line of stderr (the kit's `error: …`,
-        argparse's `prog: error: …`), else its first line, else stdout's first line (validate
-        and kit-digest report on stdout); the case's folder shown as `T`."""
-        lines = [line.strip() for line in self.stderr.splitlines() if line.strip()]
-        errors = [line for line in lines if line.startswith("error") or ": error: " in line]
+        argparse's `prog: error: …`), else stderr's first line, else for a non-zero exit the
+        first line of stdout that names an input (validate and kit-digest report there), else
+        stdout's first line. A line that only announces what follows (`…: INVALID`, `…:`)
+        gets the next line after it. The case's folder is shown as `T`."""
+        err = [line.strip() for line in self.stderr.splitlines() if line.strip()]
         out = [line.strip() for line in self.stdout.splitlines() if line.strip()]
-        line = (errors or lines or out or [""])[0]
+        errors = [
+            i for i, line in enumerate(err) if line.startswith("error") or ": error: " in line
+        ]
+        naming = [i for i, line in enumerate(out) if self.exit and self.root in line]
+        if errors or err:
+            lines, at = err, (errors or [0])[0]
+        else:
+            lines, at = out, (naming or [0])[0]
+        if not lines:
+            return ""
+        line = lines[at]
+        if line.endswith((":", ": INVALID")) and at + 1 < len(lines):
+            line = f"{line} {lines[at + 1]}"
         return line.replace(self.root, "T")
 
     @property
@@ -911,6 +927,8 @@ class Result:
     def problems(self) -> list[str]:
         """Each promise this case broke, in words; empty when it kept them all."""
         case, out = self.case, self.stdout + self.stderr
+        if self.setup_error:
+            return [f"its inputs could not be made: {self.setup_error}"]
         found = []
         if self.exit is None:
             found.append(f"still running after {case.timeout_s:.0f} s (killed)")
@@ -974,8 +992,12 @@ def environment(root: Path) -> dict[str, str]:
 def run_case(case: Case, python: str = sys.executable) -> Result:
     with tempfile.TemporaryDirectory(prefix=f"repro-bad-{case.id[:40]}-") as tmp:
         root = Path(tmp).resolve()
-        argv = case.build(Inputs(root))
+        try:
+            argv = case.build(Inputs(root))
+        except Exception as exc:  # a case whose inputs cannot be made fails alone, by name
+            return Result(case, [], None, "", "", setup_error=f"{type(exc).__name__}: {exc}")
         before = _tree(root)
+        started = time.monotonic()
         proc = subprocess.Popen(
             [python, "-m", case.module, *argv],
             cwd=root,
@@ -994,8 +1016,9 @@ def run_case(case: Case, python: str = sys.executable) -> Result:
             os.killpg(proc.pid, signal.SIGKILL)
             stdout, stderr = proc.communicate()
             code = None
+        seconds = time.monotonic() - started
         after = _tree(root)
-        result = Result(case, argv, code, stdout, stderr, root=str(root))
+        result = Result(case, argv, code, stdout, stderr, root=str(root), seconds=seconds)
         result.changed = sorted(rel for rel, sha in before.items() if after.get(rel) != sha)
         result.created = sorted(set(after) - set(before))
         return result
@@ -1012,7 +1035,7 @@ def table(results: list[Result]) -> str:
 
     rows = ["| case | command | exit | first line |", "|---|---|---|---|"]
     for r in results:
-        code = "timeout" if r.exit is None else str(r.exit)
+        code = "no run" if r.setup_error else "timeout" if r.exit is None else str(r.exit)
         rows.append(f"| {r.case.id} | `{cell(r.command)}` | {code} | {cell(r.first_line)} |")
     return "\n".join(rows)
 
@@ -1035,6 +1058,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{case_id}: {'; '.join(problems)}", file=sys.stderr)
         print(
             f"{len(results) - len(broken)}/{len(results)} cases kept every promise", file=sys.stderr
+        )
+        slowest = sorted(results.values(), key=lambda r: -r.seconds)[:5]
+        print(
+            "slowest: " + ", ".join(f"{r.case.id} {r.seconds:.1f} s" for r in slowest),
+            file=sys.stderr,
         )
         return 1 if broken else 0
     return 0
