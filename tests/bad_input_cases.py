@@ -601,14 +601,18 @@ def _(t):
     return ["compare", str(t.forged_run("a")), str(t.forged_run("b"))]
 
 
-for _id, _text in (
-    ("validate-nan", '{"verdict": NaN}'),
-    ("validate-infinity", '{"verdict": Infinity}'),
-    ("validate-duplicate-keys", '{"verdict": 1, "verdict": 2}'),
+# A real, schema-valid artifact with one edit that only a strict JSON reader refuses: the
+# schema check alone calls each of them valid.
+for _id, _old, _new in (
+    ("validate-nan", '"duration_s": 120.541', '"duration_s": NaN'),
+    ("validate-infinity", '"duration_s": 120.541', '"duration_s": Infinity'),
+    ("validate-duplicate-keys", '"arm": "cold-race",', '"arm": "multi-turn", "arm": "cold-race",'),
 ):
 
-    def _validate_case(t, text=_text):
-        return ["validate", str(t.write("artifact.json", text))]
+    def _validate_case(t, old=_old, new=_new):
+        text = (EXAMPLE_RUN / "cold-race.json").read_text(encoding="utf-8")
+        assert old in text, f"the example artifact no longer holds {old}"
+        return ["validate", str(t.write("artifact.json", text.replace(old, new, 1)))]
 
     case(_id, SILENT, 1, says=("artifact.json",), not_says=(": valid",))(_validate_case)
 
