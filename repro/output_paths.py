@@ -9,6 +9,7 @@ expected, what was found and what to do.
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -67,4 +68,18 @@ def check_output(out: Path, *, reads: Iterable[Path] = (), force: bool = False) 
             f"--out {out} exists; the command would replace it. Name a new file, or pass "
             "--force to replace it"
         )
+    _check_writable(out, parent)
     return target
+
+
+def _check_writable(out: Path, parent: Path) -> None:
+    """Refuse a folder the atomic write could not create its temporary file in (`/proc/self`,
+    a read-only mount), before the command does its work rather than after."""
+    try:
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=".repro-out-", suffix=".probe"):
+            pass
+    except OSError as exc:
+        raise UnsafeOutput(
+            f"--out {out}: no file can be written in its folder ({exc.strerror or exc}); "
+            "name a file in a folder you can write"
+        ) from None

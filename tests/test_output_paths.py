@@ -24,6 +24,7 @@ def run(tmp_path) -> Path:
 
 def test_a_new_file_in_an_existing_folder_is_fine(tmp_path):
     assert check_output(tmp_path / "r.md") == (tmp_path / "r.md").resolve()
+    assert list(tmp_path.iterdir()) == []  # the check that the folder takes a file leaves none
 
 
 @pytest.mark.parametrize(
@@ -84,7 +85,9 @@ def test_bundle_refuses_to_replace_a_bundle_and_its_sha256(run, tmp_path, capsys
 
 def test_a_report_that_cannot_be_written_says_so(run, capsys):
     assert main(["report", str(run), "--out", "/proc/self/report.md"]) == 2
-    assert "could not be written" in capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert "no file can be written in its folder" in err
+    assert out == ""  # refused before the report was made, not after
 
 
 def test_report_and_compare_refuse_a_verdict_the_figures_do_not_give(run, capsys):

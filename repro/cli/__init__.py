@@ -23,12 +23,18 @@ cpu-wheelhouse  download every wheel the CPU image installs (for build-image --w
 cuda-lock   resolve a vLLM ref into one wheel lock for its CUDA image and install set
 cuda-wheelhouse download every wheel of a CUDA lock (for build-image --wheelhouse)
 image-check (inside an image) report its Python stack as JSON
+
+Every command ends the same way: a refusal is one line `error: …` (with the log where there is
+one) and exit 2 for bad input or 1 for a failed check; anything else the kit did not foresee is
+one line naming it and exit 1; Ctrl-C is exit 130. --debug (or REPRO_DEBUG=1) adds the traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import traceback
 
 from repro.cli import artifacts, engine, evidence, images, models, run
 from repro.errors import ReproError
@@ -52,18 +58,61 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
     for group in GROUPS:
         group.add_parsers(sub)
     matrix.add_parser(sub)
     bisect.add_parser(sub)
+    # Accepted after the command too (`python -m repro run --debug …`), where users put it.
+    for command in sub.choices.values():
+        command.add_argument(
+            "--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP
+        )
     return parser
 
 
+DEBUG_HELP = "print the traceback of an error (also REPRO_DEBUG=1)"
+# Exit codes: a refusal's own (ReproError.exit_code: 2 bad input, 1 a failed check), and these.
+UNEXPECTED_EXIT = 1
+INTERRUPTED_EXIT = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    given = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in given or os.environ.get("REPRO_DEBUG") == "1"
+    if debug:
+        os.environ["REPRO_DEBUG"] = "1"  # the engine processes and `tiny`'s inner run too
     try:
+        args = build_parser().parse_args(argv)
         return COMMANDS[args.command](args)
     except ReproError as exc:
+        if debug:
+            traceback.print_exc()
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        if exc.log_path is not None and str(exc.log_path) not in str(exc):
+            print(f"full log: {exc.log_path}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        if debug:
+            traceback.print_exc()
+        print("interrupted (Ctrl-C)", file=sys.stderr)
+        return INTERRUPTED_EXIT
+    except Exception as exc:  # the boundary: whatever the kit did not foresee, in one line
+        if debug:
+            traceback.print_exc()
+        print(f"error: {unexpected(exc, debug=debug)}", file=sys.stderr)
+        return UNEXPECTED_EXIT
+
+
+def unexpected(exc: BaseException, *, debug: bool) -> str:
+    """One line for an exception the kit has no refusal for: its type, its message's first
+    line, and where to look next."""
+    lines = str(exc).strip().splitlines()
+    what = type(exc).__name__ + (f": {lines[0][:300]}" if lines else "")
+    where = (
+        "the traceback is above"
+        if debug
+        else "run it again with --debug (or REPRO_DEBUG=1) for the traceback"
+    )
+    return f"unexpected {what} (the kit has no refusal for this yet: please report it); {where}"

@@ -149,6 +149,8 @@ def cmd_import_image(args: argparse.Namespace) -> int:
     from repro.containers import docker_client, handoff
 
     kwargs = {"images_dir": args.images} if args.images else {}
+    # The record is the user's input: refused by name before Docker is asked for anything.
+    handoff.read_archive_record(args.archive, args.record)
     done = handoff.import_image(
         docker_client(),
         args.archive,

@@ -504,7 +504,7 @@ def _run_in_container(settings: RunSettings) -> int:
             check_weights_pin(profile, str(folder), allow_unpinned=settings.allow_unpinned)
     except ReproError as exc:
         container_run.no_container_records(request, error=exc)
-        raise ReproError(f"{exc}\n(error records written in {out_dir})") from exc
+        raise exc.with_context(f"(error records written in {out_dir})") from exc
     documents = container_run.run_profile_in_container(
         request, client=client, image=image, model_dir=model_dir, model_subpath=subpath
     )
