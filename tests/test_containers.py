@@ -203,6 +203,12 @@ def test_image_facts_are_read_only_inside_a_container(monkeypatch):
             runcontext.image_from_env()
 
 
+EXAMPLE_IMPORT_RECORD = (
+    Path(__file__).resolve().parent.parent
+    / "artifacts/examples/cuda-images/vllm-0.26.0/import-record.json"
+)
+
+
 def test_an_imported_image_names_its_archive_in_the_run_record(tmp_path, monkeypatch):
     """A receiving lab's run records which archive (sha256) its image was loaded from."""
     from repro.containers import handoff, images
@@ -215,15 +221,17 @@ def test_an_imported_image_names_its_archive_in_the_run_record(tmp_path, monkeyp
     monkeypatch.setattr(handoff, "DEFAULT_IMAGES_DIR", tmp_path)
     assert images.ImageFacts.of(_DockerImage()).archive_sha256 is None  # built here
     archive = "ab" * 32
+    partial = {"schema": "repro-kit/image-import", "image": {"id": IMAGE_FACTS["id"]}}
     (tmp_path / "imported-x.json").write_text(
-        json.dumps(
-            {
-                "schema": "repro-kit/image-import",
-                "image": {"id": IMAGE_FACTS["id"]},
-                "archive": {"sha256": archive},
-            }
-        )
+        json.dumps({**partial, "archive": {"sha256": archive}})
     )
+    assert images.ImageFacts.of(_DockerImage()).archive_sha256 is None  # not a whole record
+    # A whole import record (only one that matches its schema is believed): the committed
+    # example's, for this image and archive.
+    record = json.loads((EXAMPLE_IMPORT_RECORD).read_text())
+    record["image"]["id"] = IMAGE_FACTS["id"]
+    record["archive"]["sha256"] = archive
+    (tmp_path / "imported-x.json").write_text(json.dumps(record))
     facts = images.ImageFacts.of(_DockerImage())
     assert facts.archive_sha256 == archive
     monkeypatch.setenv("REPRO_IN_CONTAINER", "1")

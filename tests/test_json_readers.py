@@ -19,6 +19,7 @@ from repro.cli import main
 from repro.containers import handoff
 from repro.evidence import contents
 from repro.evidence.bundle import MANIFEST_NAME
+from repro.jsonread import JSONUnreadable
 
 DEEP = b"[" * 100_000
 EXAMPLES = Path(__file__).parent.parent / "artifacts" / "examples"
@@ -83,19 +84,19 @@ def _model(tmp_path: Path, config, index=None, shard: bytes | None = None) -> Pa
 @pytest.mark.parametrize(
     "config, index, shard, error, found",
     [
-        (DEEP, None, None, model_config.ModelConfigUnavailable, "nested deeper"),
-        (b'{"a": 1, "a": 2}', None, None, model_config.ModelConfigUnavailable, "twice"),
-        (b"[1]", None, None, model_config.ModelConfigUnavailable, "a JSON list; expected"),
-        (HYBRID, [1, 2], None, model_config.ModelConfigUnavailable, "weight_map object"),
-        (HYBRID, {"weight_map": [1]}, None, model_config.ModelConfigUnavailable, "weight_map"),
-        (HYBRID, None, b'["mtp.x"]', model_config.ModelConfigUnavailable, "safetensors header"),
-        (HYBRID, None, DEEP, model_config.ModelConfigUnavailable, "nested deeper"),
+        (DEEP, None, None, JSONUnreadable, "config.json: JSON nested deeper"),
+        (b'{"a": 1, "a": 2}', None, None, JSONUnreadable, "config.json: the key 'a' twice"),
+        (b"[1]", None, None, model_config.ModelConfigUnavailable, "found a JSON list"),
+        (HYBRID, [1, 2], None, model_config.ModelFilesInvalid, "weight_map object"),
+        (HYBRID, {"weight_map": [1]}, None, model_config.ModelFilesInvalid, "no weight_map"),
+        (HYBRID, None, b'["mtp.x"]', model_config.ModelFilesInvalid, "header is a JSON list"),
+        (HYBRID, None, DEEP, JSONUnreadable, r"safetensors header\): JSON nested deeper"),
         (
             {**HYBRID, "num_nextn_predict_layers": True},
             None,
             None,
-            model_config.ModelUnsupported,
-            "no MTP head",
+            model_config.ModelFilesInvalid,
+            "num_nextn_predict_layers is true; expected a whole number",
         ),
     ],
 )
