@@ -97,6 +97,9 @@ class RunContext:
     environment: Environment | None = None
     # The KV connector of the APC run (`repro.connectors.Connector.to_json`), or None.
     connector: dict[str, Any] | None = None
+    # The check of a GPU profile's weights against their pin (`repro.weights.model_pin`:
+    # revision, pinned, ...), or None where none was made (tiny models, `run --model`).
+    weights_pin: dict[str, Any] | None = None
 
     @classmethod
     def new(
@@ -110,6 +113,7 @@ class RunContext:
         overrides: dict[str, Any],
         fault_kind: str | None,
         connector: dict[str, Any] | None = None,
+        weights_pin: dict[str, Any] | None = None,
     ) -> RunContext:
         """The context of ``arm`` in run ``run_id``, started now, with this kit's facts."""
         return cls(
@@ -125,6 +129,7 @@ class RunContext:
             overrides=dict(overrides),
             fault_kind=fault_kind,
             connector=connector,
+            weights_pin=weights_pin,
         )
 
     def started(self, at: str) -> RunContext:

@@ -73,8 +73,10 @@ def run_profile(
     command: list[str] | None = None,
     verbose: bool = False,
     connector: connectors.Connector | None = None,
+    weights_pin: dict[str, Any] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Run the arms in one engine process; return the written documents by arm."""
+    """Run the arms in one engine process; return the written documents by arm.
+    `weights_pin`: the check of a GPU profile's weights (`repro.cli.models`), recorded."""
     check_writable(out_dir)
     (out_dir / "logs").mkdir(exist_ok=True)
     run_id = run_id or new_run_id()
@@ -90,6 +92,7 @@ def run_profile(
             overrides=overrides,
             fault_kind=fault_kind,
             connector=connector.to_json() if connector else None,
+            weights_pin=weights_pin,
         )
         for arm in arms
     }

@@ -565,18 +565,38 @@ def test_a_gpu_run_refuses_unpinned_weights_unless_allowed(tmp_path):
     }
 
 
-def test_the_artifact_records_the_weights_pin(monkeypatch):
+def test_the_artifact_records_the_weights_pin():
+    """The CLI's check of the weights reaches the record through the run's context (no
+    variable of this process in between): the pinned commit and the whole check."""
+    import dataclasses
+
     from repro.arms import record
     from repro.profiles import get_profile
+    from repro.runcontext import Environment, RunContext
 
     profile = get_profile("qwen3.6-27b-fp8")
-    monkeypatch.setenv("REPRO_WEIGHTS_PIN", json.dumps({"revision": "b" * 40, "pinned": True}))
-    assert record._weights_revision(profile) == "b" * 40
-    monkeypatch.setenv("REPRO_WEIGHTS_PIN", json.dumps({"revision": None, "pinned": False}))
-    assert record._weights_revision(profile) is None
-    from repro.artifact import redact_env
-
-    assert "REPRO_WEIGHTS_PIN" in redact_env()  # so every artifact's environment carries it
+    pin = {"repo_id": profile.model, "pinned": True, "revision": "b" * 40}
+    context = RunContext.new(
+        run_id="r",
+        arm="cold-race",
+        command=["run"],
+        profile=profile,
+        model_path="/m",
+        overrides={},
+        fault_kind=None,
+        weights_pin=pin,
+    )
+    assert RunContext.from_json(context.to_json()).weights_pin == pin  # to the arm process
+    doc = record.base_document(
+        arm="cold-race", context=context, environment=Environment.here(), profile=profile
+    )
+    assert doc["profile"]["revision"] == "b" * 40 and doc["profile"]["weights_pin"] == pin
+    unpinned = dataclasses.replace(context, weights_pin={**pin, "pinned": False, "revision": None})
+    assert record._weights_revision(profile, unpinned) is None
+    # No check made (a tiny model): the profile's own pin.
+    assert record._weights_revision(profile, dataclasses.replace(context, weights_pin=None)) == (
+        profile.revision
+    )
 
 
 def test_host_packages_are_compared_file_for_file(tmp_path):

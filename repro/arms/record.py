@@ -46,7 +46,8 @@ def base_document(
             "name": profile.name,
             "model": profile.model,
             "model_path": model_path,
-            "revision": _weights_revision(profile),
+            "revision": _weights_revision(profile, context),
+            "weights_pin": context.weights_pin,
             "tensor_parallel_size": profile.tensor_parallel_size,
             "device": profile.device,
             "signal": profile.signal,
@@ -265,16 +266,10 @@ def _answers(request: grading.RequestResult) -> dict[str, str]:
     }
 
 
-def _weights_revision(profile) -> str | None:
-    """The commit of the weights the run was checked to have (REPRO_WEIGHTS_PIN, set by the
-    CLI for GPU profiles), else the profile's own pin."""
-    import json
-    import os
-
-    pin = os.environ.get("REPRO_WEIGHTS_PIN")
-    if pin:
-        try:
-            return json.loads(pin).get("revision")
-        except (ValueError, AttributeError):
-            return None
+def _weights_revision(profile, context: RunContext) -> str | None:
+    """The commit of the weights the run was checked to have (the context's weights pin,
+    from the CLI's check for GPU profiles), else the profile's own pin."""
+    if context.weights_pin is not None:
+        revision = context.weights_pin.get("revision")
+        return revision if isinstance(revision, str) else None
     return profile.revision

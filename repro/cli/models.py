@@ -121,9 +121,9 @@ def cmd_verify_weights(args: argparse.Namespace) -> int:
 
 
 def check_weights_pin(profile, model_path, *, allow_unpinned: bool) -> dict:
-    """Refuse an unpinned model (unless --allow-unpinned); put the answer in REPRO_WEIGHTS_PIN
-    for this run's processes, so every artifact records it. Inside a container the host has
-    checked what it mounted and passes its answer down."""
+    """Refuse an unpinned model (unless --allow-unpinned); the answer goes into every arm's
+    `RunContext`, so every artifact records it. Inside a container the host has checked what
+    it mounted and passes its answer down (REPRO_WEIGHTS_PIN, the container's one channel)."""
     import os
 
     from repro import weights
@@ -138,7 +138,6 @@ def check_weights_pin(profile, model_path, *, allow_unpinned: bool) -> dict:
     )
     if not pin["pinned"]:
         print(f"[repro] WARNING: {profile.model} is not at a pinned commit (--allow-unpinned)")
-    os.environ[weights.PIN_ENV] = json.dumps(pin, sort_keys=True)
     return pin
 
 

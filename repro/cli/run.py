@@ -16,6 +16,7 @@ import re
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 from repro import KIT_SOURCE
 from repro.cli.images import cuda_lock_path, vllm_ref
@@ -499,14 +500,20 @@ def _run_in_container(settings: RunSettings) -> int:
                 log=lambda m: print(m, file=sys.stderr),
             )
         model_dir, subpath = _container_model(settings, profile, client, image)
+        pin = None
         if profile.tiny_model is None:
             folder = model_dir / subpath if subpath else model_dir
-            check_weights_pin(profile, str(folder), allow_unpinned=settings.allow_unpinned)
+            pin = check_weights_pin(profile, str(folder), allow_unpinned=settings.allow_unpinned)
     except ReproError as exc:
         container_run.no_container_records(request, error=exc)
         raise exc.with_context(f"(error records written in {out_dir})") from exc
     documents = container_run.run_profile_in_container(
-        request, client=client, image=image, model_dir=model_dir, model_subpath=subpath
+        request,
+        client=client,
+        image=image,
+        model_dir=model_dir,
+        model_subpath=subpath,
+        weights_pin=pin,
     )
     return _summarised(documents, out_dir)
 
@@ -593,9 +600,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if settings.device:
         profile = profile.for_device(settings.device)
     preflight.check_hardware(profile, envinfo.collect_hardware())
+    pin = None
     if profile.tiny_model is None:
-        check_weights_pin(profile, settings.model_path, allow_unpinned=settings.allow_unpinned)
-    return _run_profile(settings, profile, model_path=None)
+        pin = check_weights_pin(
+            profile, settings.model_path, allow_unpinned=settings.allow_unpinned
+        )
+    return _run_profile(settings, profile, model_path=None, weights_pin=pin)
 
 
 def _run_model(args: argparse.Namespace, settings: RunSettings) -> int:
@@ -620,7 +630,13 @@ def _run_model(args: argparse.Namespace, settings: RunSettings) -> int:
     return _run_profile(settings, profile, model_path=str(model_dir.resolve()))
 
 
-def _run_profile(settings: RunSettings, profile, *, model_path: str | None) -> int:
+def _run_profile(
+    settings: RunSettings,
+    profile,
+    *,
+    model_path: str | None,
+    weights_pin: dict[str, Any] | None = None,
+) -> int:
     from repro import runner
 
     connector = settings.parsed_connector(profile.device)
@@ -659,6 +675,7 @@ def _run_profile(settings: RunSettings, profile, *, model_path: str | None) -> i
             arm_timeout_s=settings.arm_timeout_s,
             verbose=settings.verbose,
             connector=connector,
+            weights_pin=weights_pin,
         )
 
     if settings.repeat == 1:

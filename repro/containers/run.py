@@ -347,13 +347,15 @@ def run_profile_in_container(
     image: ImageFacts,
     model_dir: Path,
     model_subpath: str | None = None,
+    weights_pin: dict[str, Any] | None = None,
     echo: TextIO | None = sys.stdout,
 ) -> dict[str, dict[str, Any]]:
     """Run the request's arms in ``image``; return one record per arm (written in its
     ``out_dir``).
 
     The model folder ``model_dir`` is mounted at /model (``model_subpath`` inside it is the
-    model, for a Hub cache whose snapshots link into blobs/).
+    model, for a Hub cache whose snapshots link into blobs/). ``weights_pin`` is the host's
+    check of those weights (`repro.cli.models.check_weights_pin`), handed to the run inside.
     """
     # Docker mounts absolute paths; the error records go to the same folder.
     request = replace(request, out_dir=Path(request.out_dir).resolve())
@@ -387,10 +389,10 @@ def run_profile_in_container(
         environment.update(gpu_host_env(os.environ))
     # A host whose engines share its cores (the test suite) waits passively in here too.
     environment.update({k: os.environ[k] for k in SHARED_CORES_ENV if k in os.environ})
-    from repro.weights import PIN_ENV
+    if weights_pin is not None:  # the host's check of the mounted weights
+        from repro.weights import PIN_ENV
 
-    if os.environ.get(PIN_ENV):  # the host's check of the mounted weights (cli)
-        environment[PIN_ENV] = os.environ[PIN_ENV]
+        environment[PIN_ENV] = json.dumps(weights_pin, sort_keys=True)
     mounts = [
         Mount(Path(model_dir).resolve(), CONTAINER_MODEL, read_only=True),
         Mount(out_dir, CONTAINER_OUT, read_only=False),
