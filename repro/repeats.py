@@ -97,3 +97,53 @@ def _signal(doc: Mapping[str, Any]) -> str | None:
 
 def _waves(doc: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return (doc.get("figures") or {}).get("waves") or []
+
+
+def versus(
+    docs: list[Mapping[str, Any]], reference: list[Mapping[str, Any]]
+) -> dict[str, Any] | None:
+    """One condition's runs of an arm against its reference condition's (stock against
+    patched, say): their forward flips, pooled over repeats, out of their graded requests.
+    Fisher's exact test, one-sided: more flips per request here than in the reference, as
+    chance alone would give them. None where either side has no graded run (an error, a
+    gate), which is no evidence either way."""
+    mine, theirs = _flips(docs), _flips(reference)
+    if mine is None or theirs is None:
+        return None
+    (forward, requests, runs), (ref_forward, ref_requests, ref_runs) = mine, theirs
+    p = confidence.fisher_upper_tail(forward, requests, ref_forward, ref_requests)
+    return {
+        "runs": runs,
+        "forward_flips": forward,
+        "requests": requests,
+        "reference_runs": ref_runs,
+        "reference_forward_flips": ref_forward,
+        "reference_requests": ref_requests,
+        "p_value": float(f"{p:.3g}"),
+        "test": "fisher-exact",
+    }
+
+
+def versus_line(figures: Mapping[str, Any]) -> str:
+    """``cold-race: 42 of 48 requests flipped (3 runs) against 2 of 48 (3 runs), p = 1e-12``."""
+    return (
+        f"{figures['arm']}: {figures['forward_flips']} of {figures['requests']} graded requests "
+        f"flipped ({figures['runs']} run(s)) against {figures['reference_forward_flips']} of "
+        f"{figures['reference_requests']} ({figures['reference_runs']} run(s)), p = "
+        f"{figures['p_value']:.2g} (Fisher's exact test, one-sided: more flips than the "
+        f"reference)"
+    )
+
+
+def _flips(docs: list[Mapping[str, Any]]) -> tuple[int, int, int] | None:
+    """Forward flips and graded requests summed over the graded runs (clean or corrupted)."""
+    graded = [d for d in docs if d["verdict"]["status"] in ("clean", "corrupted")]
+    if not graded:
+        return None
+    forward = requests = 0
+    for doc in graded:
+        for wave in _waves(doc):
+            if (wave.get("extra") or {}).get("graded", True):
+                forward += int(wave.get("forward_flips", 0))
+                requests += len(wave.get("per_request") or [])
+    return forward, requests, len(graded)

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from repro import KIT_SOURCE, engine_env, patching, runner
+from repro import KIT_SOURCE, engine_env, patching, repeats, runner
 from repro.atomicio import write_json_atomic
 from repro.errors import PatchError, ReproError
 from repro.fanout import conditions
@@ -198,6 +198,15 @@ def _model_path(profile) -> str:
 # --- running ---------------------------------------------------------------------------------
 
 
+def artifact_paths(condition: Condition | BadCondition, arm: str) -> list[str]:
+    """Where a cell's records of `arm` are, relative to its directory: `ARM.json`, or one per
+    repeat (`repeat-N/ARM.json`, as `run --repeat` writes them)."""
+    repeat = getattr(condition, "repeat", 1)
+    if repeat == 1:
+        return [f"{arm}.json"]
+    return [f"{repeats.repeat_dir(Path(), i).as_posix()}/{arm}.json" for i in range(1, repeat + 1)]
+
+
 def run_args(
     condition: Condition, cell_dir: Path, arm_timeout_s: float | None, *, in_image: bool = False
 ) -> list[str]:
@@ -217,6 +226,8 @@ def run_args(
             args += ["--connector-config", json.dumps(condition.connector_config)]
     if arm_timeout_s:
         args += ["--arm-timeout", str(arm_timeout_s)]
+    if condition.repeat > 1:
+        args += ["--repeat", str(condition.repeat)]
     return args
 
 
@@ -262,9 +273,13 @@ def run_cell(
         out.write(f"[matrix] {condition.name}: {' '.join(command)}\n")
         out.flush()
         code = subprocess.run(command, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
-    missing = [a for a in condition.arms if not (cell_dir / f"{a}.json").is_file()]
+    missing = [
+        a
+        for a in condition.arms
+        if not all((cell_dir / p).is_file() for p in artifact_paths(condition, a))
+    ]
     docs = {
-        a: json.loads((cell_dir / f"{a}.json").read_text())
+        a: json.loads((cell_dir / artifact_paths(condition, a)[-1]).read_text())
         for a in condition.arms
         if a not in missing
     }

@@ -12,10 +12,13 @@ A conditions file is TOML with one `[[condition]]` table per row:
     inject_fault = false              # the positive control (default false)
     connector = "probe"               # a KV connector: the ladder (default "none")
     connector_config = { }            # its extra config (kv_connector_extra_config)
+    repeat = 3                        # run the arms 3 times, fresh engines (default 1)
+    reference = "0.26.0"              # compare its flips with this condition's (optional)
 
 Patch paths are relative to the conditions file. A condition's content hash covers what it
-runs (release, the patches' bytes, overrides, profile, arms, fault, connector), not its name or file
-position, so a finished cell is kept on a re-run only while it still means the same thing.
+runs (release, the patches' bytes, overrides, profile, arms, fault, connector, repeats), not its
+name, its reference or its file position, so a finished cell is kept on a re-run only while it
+still means the same thing. A reference must name another condition of the same file.
 
 A table with a key that is not one of these (a typo) becomes a `BadCondition` naming the key
 and its line: its cells get `error` records and the other conditions still run. A file that is
@@ -37,6 +40,7 @@ from repro import connectors, engine_env, patching
 from repro.atomicio import sha256_file
 from repro.errors import ReproError
 from repro.profiles import PROFILES
+from repro.repeats import MAX_REPEATS
 
 KEYS = (
     "name",
@@ -48,6 +52,8 @@ KEYS = (
     "inject_fault",
     "connector",
     "connector_config",
+    "repeat",
+    "reference",
 )
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,80}")
 
@@ -73,6 +79,10 @@ class Condition:
     # `repro.connectors` spec ("none": no ladder); a PATH.py one is resolved to its file.
     connector: str = "none"
     connector_config: dict[str, Any] = field(default_factory=dict)
+    # Runs of the arms, each with fresh engines (`repro.repeats`); 1: the seed's one run.
+    repeat: int = 1
+    # Another condition whose flips this one's are tested against (`repro.repeats.versus`).
+    reference: str | None = None
 
     def content(self) -> dict[str, Any]:
         """What the condition runs, as JSON (the input of its content hash)."""
@@ -90,6 +100,8 @@ class Condition:
             path = self.connector.rsplit(":", 1)[0]
             if path.endswith(".py"):
                 content["connector_sha256"] = _sha256_or_missing(Path(path))
+        if self.repeat != 1:  # conditions run once keep their earlier hashes
+            content["repeat"] = self.repeat
         return content
 
     @property
@@ -98,7 +110,10 @@ class Condition:
         return hashlib.sha256(text.encode()).hexdigest()
 
     def as_record(self) -> dict[str, Any]:
-        return {"name": self.name, **self.content(), "content_hash": self.content_hash}
+        record = {"name": self.name, **self.content(), "content_hash": self.content_hash}
+        if self.reference is not None:
+            record["reference"] = self.reference
+        return record
 
     def env_key(self) -> tuple[str, tuple[str, ...]]:
         """What its engine environment depends on: the release and the patch set."""
@@ -180,7 +195,29 @@ def load(path: Path) -> list[Condition | BadCondition]:
             )
         seen.add(item.name)
         out.append(item)
-    return out
+    return [_with_known_reference(item, out, text) for item in out]
+
+
+def _with_known_reference(
+    item: Condition | BadCondition, items: list[Condition | BadCondition], text: str
+) -> Condition | BadCondition:
+    """A condition whose reference names no condition of the file is a bad one (its line)."""
+    if not isinstance(item, Condition) or item.reference is None:
+        return item
+    names = [i.name for i in items if isinstance(i, Condition)]
+    if item.reference in names:
+        return item
+    start = sum(len(x) + 1 for x in text.splitlines()[: (item.line or 1) - 1])
+    where = _line_of_key(text, "reference", start, len(text))
+    close = difflib.get_close_matches(item.reference, names, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return BadCondition(
+        name=item.name,
+        problem=f"line {where}: reference {item.reference!r} names no condition that can run "
+        f"in this file{hint}",
+        line=where,
+        arms=item.arms,
+    )
 
 
 def _condition(
@@ -267,6 +304,20 @@ def _condition(
         )
     if any("\x00" in p for p in patches):
         return bad("patches: a path with a NUL byte names no file; give the diff's path", "patches")
+    repeat = table.get("repeat", 1)
+    if isinstance(repeat, bool) or not isinstance(repeat, int) or not 1 <= repeat <= MAX_REPEATS:
+        return bad(
+            f"repeat must be a whole number from 1 to {MAX_REPEATS}, got {repeat!r}", "repeat"
+        )
+    reference = table.get("reference")
+    if reference is not None and not (isinstance(reference, str) and _NAME.fullmatch(reference)):
+        return bad(
+            f"reference must be the name of another condition, got {reference!r}", "reference"
+        )
+    if reference == raw_name:
+        return bad(
+            "reference names this condition itself; name the one to compare with", "reference"
+        )
     return Condition(
         name=raw_name,
         vllm=vllm,
@@ -278,6 +329,8 @@ def _condition(
         line=line,
         connector=connector,
         connector_config=dict(config),
+        repeat=repeat,
+        reference=reference,
     )
 
 
@@ -360,6 +413,8 @@ def condition_from_spec(spec: dict[str, Any]) -> Condition | BadCondition:
         inject_fault=spec["inject_fault"],
         connector=spec.get("connector", "none"),
         connector_config=spec.get("connector_config", {}),
+        repeat=spec.get("repeat", 1),
+        reference=spec.get("reference"),
     )
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from repro import KIT_SOURCE, engine_env
+from repro import KIT_SOURCE, engine_env, repeats
 from repro.artifact import schema_violations
 from repro.atomicio import write_json_atomic, write_text_atomic
 from repro.clock import utc_compact, utc_text
@@ -64,12 +64,13 @@ def is_finished(item: Condition | BadCondition, cell_dir: Path) -> bool:
     if not recorded or recorded.get("content_hash") != item.content_hash:
         return False
     for arm in item.arms:
-        try:
-            doc = json.loads((cell_dir / f"{arm}.json").read_text())
-        except (OSError, json.JSONDecodeError):
-            return False
-        if doc.get("verdict", {}).get("status") in (None, "error"):
-            return False
+        for rel in cell.artifact_paths(item, arm):
+            try:
+                doc = json.loads((cell_dir / rel).read_text())
+            except (OSError, json.JSONDecodeError):
+                return False
+            if doc.get("verdict", {}).get("status") in (None, "error"):
+                return False
     return True
 
 
@@ -150,7 +151,8 @@ def collect(p: Plan, *, executor: str, conditions_file: Path | None) -> dict[str
     for item in p.items:
         cell_dir = p.out_dir / item.name
         for arm in _arms_of(item, cell_dir):
-            cells.append(_cell_record(item, arm, cell_dir, kept=item.name in p.kept))
+            for rel in _records_of(item, arm, cell_dir):
+                cells.append(_cell_record(item, arm, cell_dir, rel, kept=item.name in p.kept))
     rerun = sorted(
         {c["condition"] for c in cells if c["status"] == "error"},
         key=[i.name for i in p.items].index,
@@ -170,8 +172,27 @@ def collect(p: Plan, *, executor: str, conditions_file: Path | None) -> dict[str
     }
 
 
-def _cell_record(item, arm: str, cell_dir: Path, *, kept: bool) -> dict[str, Any]:
-    rel = f"{item.name}/{arm}.json"
+def _records_of(item, arm: str, cell_dir: Path) -> list[str]:
+    """The records of one arm of a cell (one per repeat), or the one error record a failed
+    run left in their place (`cell.write_cell_errors`)."""
+    paths = cell.artifact_paths(item, arm)
+    if len(paths) > 1 and not all((cell_dir / p).is_file() for p in paths):
+        return [f"{arm}.json"]
+    return paths
+
+
+def _docs_of(item, arm: str, cell_dir: Path) -> list[dict[str, Any]]:
+    docs = []
+    for rel in _records_of(item, arm, cell_dir):
+        try:
+            docs.append(json.loads((cell_dir / rel).read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue
+    return docs
+
+
+def _cell_record(item, arm: str, cell_dir: Path, rel_path: str, *, kept: bool) -> dict[str, Any]:
+    rel = f"{item.name}/{rel_path}"
     base = {
         "condition": item.name,
         "arm": arm,
@@ -180,8 +201,10 @@ def _cell_record(item, arm: str, cell_dir: Path, *, kept: bool) -> dict[str, Any
         "artifact": rel,
         "kept": kept,
     }
+    if rel_path.startswith("repeat-"):
+        base["repeat"] = int(rel_path.split("/", 1)[0].removeprefix("repeat-"))
     try:
-        doc = json.loads((cell_dir / f"{arm}.json").read_text())
+        doc = json.loads((cell_dir / rel_path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
         return {
             **base,
@@ -218,12 +241,9 @@ def render_markdown(p: Plan, doc: dict[str, Any]) -> str:
         rows[label] = {}
         cell_dir = p.out_dir / item.name
         for arm in _arms_of(item, cell_dir):
-            try:
-                rows[label].setdefault(arm, []).append(
-                    json.loads((cell_dir / f"{arm}.json").read_text())
-                )
-            except (OSError, json.JSONDecodeError):
-                continue
+            docs = _docs_of(item, arm, cell_dir)
+            if docs:
+                rows[label][arm] = docs
     lines = [
         "## Cross-verification matrix",
         "",
@@ -232,6 +252,7 @@ def render_markdown(p: Plan, doc: dict[str, Any]) -> str:
         "",
         *report.matrix_table(rows),
         "",
+        *_repeats_lines(doc),
     ]
     errors = [c for c in doc["cells"] if c["status"] == "error"]
     if errors:
@@ -250,6 +271,50 @@ def render_markdown(p: Plan, doc: dict[str, Any]) -> str:
             "",
         ]
     return "\n".join(lines)
+
+
+def repeats_and_references(p: Plan) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Each repeated condition's repeats, summed per arm (`repro.repeats.summarize`), and each
+    condition against its reference: flips pooled over repeats, one exact test per arm."""
+    docs = {
+        item.name: {arm: _docs_of(item, arm, p.out_dir / item.name) for arm in item.arms}
+        for item in p.items
+        if isinstance(item, Condition)
+    }
+    summary = {}
+    for item in p.items:
+        if isinstance(item, Condition) and item.repeat > 1:
+            runs = [
+                {arm: d[i] for arm, d in docs[item.name].items() if len(d) > i}
+                for i in range(item.repeat)
+            ]
+            summary[item.name] = repeats.summarize(runs)
+    comparisons = []
+    for item in p.items:
+        if not isinstance(item, Condition) or item.reference is None:
+            continue
+        for arm in item.arms:
+            mine, theirs = docs[item.name].get(arm, []), docs[item.reference].get(arm, [])
+            result = repeats.versus(mine, theirs)
+            if result is not None:
+                comparisons.append(
+                    {"condition": item.name, "reference": item.reference, "arm": arm, **result}
+                )
+    return summary, comparisons
+
+
+def _repeats_lines(doc: dict[str, Any]) -> list[str]:
+    summary, comparisons = doc.get("repeats") or {}, doc.get("references") or []
+    if not summary and not comparisons:
+        return []
+    lines = ["### Repeats and references", ""]
+    for name, arms in summary.items():
+        lines += [f"- **{name}**: " + "; ".join(repeats.line(a, f) for a, f in arms.items())]
+    for c in comparisons:
+        lines.append(
+            f"- **{c['condition']}** against **{c['reference']}**: {repeats.versus_line(c)}"
+        )
+    return [*lines, ""]
 
 
 def _one_line(text: str, limit: int = 400) -> str:
@@ -289,6 +354,11 @@ def fill_texts(p: Plan, doc: dict[str, Any]) -> None:
 
 def write_outputs(p: Plan, *, executor: str, conditions_file: Path | None) -> dict[str, Any]:
     doc = collect(p, executor=executor, conditions_file=conditions_file)
+    summary, comparisons = repeats_and_references(p)
+    if summary:
+        doc["repeats"] = summary
+    if comparisons:
+        doc["references"] = comparisons
     fill_texts(p, doc)
     violations = schema_violations(doc, "matrix")
     if violations:

@@ -385,7 +385,8 @@ def collect_task(item, cell_dir: Path, slurm_log: Path, final: dict[str, str], j
     missing = []
     for arm in arms:
         try:
-            json.loads((cell_dir / f"{arm}.json").read_text())
+            for rel in cell.artifact_paths(item, arm):
+                json.loads((cell_dir / rel).read_text())
         except (OSError, json.JSONDecodeError):
             missing.append(arm)
     state = final["state"]
