@@ -25,10 +25,22 @@ pytestmark = pytest.mark.engine
 REPO = Path(__file__).resolve().parent.parent
 
 
+def _cmdline(pid: int) -> str:
+    """A process's command line; empty once it has gone (a short-lived child may exit
+    between being listed and being read)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return ""
+
+
 def _children(pid: int) -> list[int]:
     found = []
     for task in Path(f"/proc/{pid}/task").iterdir():
-        found += [int(c) for c in (task / "children").read_text().split()]
+        try:
+            found += [int(c) for c in (task / "children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a thread that ended while being listed
     return found
 
 
@@ -49,9 +61,7 @@ def killed_then_no_drafts(engine_python, tmp_path_factory):
     deadline = time.monotonic() + 600
     killed = None
     while killed is None and time.monotonic() < deadline and proc.poll() is None:
-        engine = [
-            c for c in _children(proc.pid) if "arms" in Path(f"/proc/{c}/cmdline").read_text()
-        ]
+        engine = [c for c in _children(proc.pid) if "arms" in _cmdline(c)]
         # Once the engine process has printed something: it is inside the first arm.
         if engine and log.is_file() and log.stat().st_size > 0:
             os.kill(engine[0], signal.SIGKILL)
