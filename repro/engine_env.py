@@ -423,11 +423,16 @@ def _tail(output: str, limit: int = 3000) -> str:
     return "\n".join(lines)[-limit:]
 
 
-def engine_command(python: Path, kit_source: Path, args: list[str]) -> tuple[list[str], dict]:
-    """Command and environment that run `python -m repro ARGS` in an engine environment."""
+def engine_command(
+    python: Path, kit_source: Path, args: list[str], *, tree: Path | None = None
+) -> tuple[list[str], dict]:
+    """Command and environment that run `python -m repro ARGS` in an engine environment, or
+    with a bare host's python and an installed ``tree`` (`repro.host_tree`) first on its path."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
-        [str(kit_source)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+        ([str(tree)] if tree else [])
+        + [str(kit_source)]
+        + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
     )
     env["REPRO_KIT_CHECKOUT"] = str(kit_source)
     return [str(python), "-m", "repro", *args], env

@@ -83,8 +83,8 @@ def test_the_artifact_records_them():
 
 @pytest.mark.skipif(not Path("/bin/bash").exists(), reason="needs bash")
 def test_red_green_exports_them_to_the_run(tmp_path):
-    """The bare-host script, run for its `stock` phase with a stand-in `python3` on PATH (the
-    GPU host's Python with vLLM cannot run here) that records the environment it got."""
+    """The bare-host script, with a stand-in `python3` on PATH (the GPU host's Python with
+    vLLM cannot run here) that records the environment and arguments it got."""
     fake = tmp_path / "bin" / "python3"
     fake.parent.mkdir()
     fake.write_text(f'#!/bin/sh\nenv > "{tmp_path}/env.txt"\necho "$@" > "{tmp_path}/args.txt"\n')
@@ -92,7 +92,6 @@ def test_red_green_exports_them_to_the_run(tmp_path):
     env = {
         "PATH": f"{fake.parent}:/usr/bin:/bin",
         "HOME": str(tmp_path),
-        "REPRO_PHASES": "stock",
         "NCCL_NVLS_ENABLE": "7",  # set by the user: kept
     }
     proc = subprocess.run(
@@ -111,4 +110,7 @@ def test_red_green_exports_them_to_the_run(tmp_path):
     assert got["NCCL_NVLS_ENABLE"] == "7"
     for key in set(GPU_HOST_ENV) - {"NCCL_NVLS_ENABLE"}:
         assert got[key] == GPU_HOST_ENV[key], key
-    assert (tmp_path / "args.txt").read_text().startswith("-m repro run --profile tiny")
+    args = (tmp_path / "args.txt").read_text().split()
+    assert args[:7] == ["-m", "repro", "matrix", "--executor", "bare", "--device", "cuda"]
+    assert args[args.index("--parts") + 1] == "parts"
+    assert args[args.index("--conditions") + 1].endswith("containers/bare-host/red-green.toml")

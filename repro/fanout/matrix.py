@@ -1,6 +1,6 @@
 """The cross-verification matrix: every condition × arm, `python -m repro matrix`.
 
-    python -m repro matrix --conditions FILE.toml --out DIR [--executor local|slurm]
+    python -m repro matrix --conditions FILE.toml --out DIR [--executor local|slurm|bare]
     python -m repro matrix --vllm 0.26.0 --vllm 0.32.0 --out DIR      (simple cases as flags)
 
 Writes `DIR/<condition>/` (a run directory per condition, see repro.fanout.cell),
@@ -12,7 +12,9 @@ every arm and its `condition.json` has the same content hash, otherwise the old 
 moved under `DIR/.superseded/` and the cell is run again; (2) the engine environments of the
 cells to run are made or reused, once per (release, patch set), before any cell runs, so
 parallel Slurm tasks never make one together; a condition whose environment fails gets
-`error` records; (3) the cells run, here one after another or as one Slurm job array;
+`error` records; (3) the cells run, here one after another or as one Slurm job array
+(`--executor bare`: here, on a host with no network, each on its carried install set's tree,
+repro.fanout.bare, with no engine environments);
 (4) the records are collected and rendered. A failing cell never stops the others; the
 command ends by naming the cells to re-run, and exits 1 when there are any.
 """
@@ -439,6 +441,8 @@ def cmd_matrix(args) -> int:
 
     items, conditions_file = load_items(args)
     out_dir = check_out_dir(args.out)
+    if args.executor == "bare":
+        return _cmd_matrix_bare(args, items, out_dir, conditions_file, log)
     if args.dry_run:
         options = slurm.options_from_args(args, items) if args.executor == "slurm" else None
         precheck.refuse_unrunnable(items)
@@ -461,7 +465,31 @@ def cmd_matrix(args) -> int:
         )
     else:
         run_local(p, kit_source=KIT_SOURCE, arm_timeout_s=args.arm_timeout, log=log)
-    doc = write_outputs(p, executor=args.executor, conditions_file=conditions_file)
+    return _finish(p, args.executor, conditions_file, log)
+
+
+def _cmd_matrix_bare(args, items, out_dir: Path, conditions_file: Path | None, log) -> int:
+    """The bare-host matrix: no engine environments and no index checks (no network)."""
+    from repro.fanout import bare, slurm
+
+    options = bare.options_from_args(args)
+    if args.dry_run:
+        finished = {i.name for i in items if is_finished(i, out_dir / i.name)}
+        print(bare.dry_run(items, out_dir, options, finished))
+        return 0
+    out_dir.mkdir(parents=True, exist_ok=True)
+    slurm.refuse_if_running(out_dir)
+    p = plan(items, out_dir, log=log)
+    bare.run_bare(
+        p, options=options, kit_source=KIT_SOURCE, arm_timeout_s=args.arm_timeout, log=log
+    )
+    return _finish(p, "bare", conditions_file, log)
+
+
+def _finish(p: Plan, executor: str, conditions_file: Path | None, log) -> int:
+    """Write matrix.json and MATRIX.md, print the table; exit 1 when cells need a re-run."""
+    out_dir = p.out_dir
+    doc = write_outputs(p, executor=executor, conditions_file=conditions_file)
     print(Path(out_dir / MATRIX_MD).read_text())
     counts: dict[str, int] = {}
     for c in doc["cells"]:
@@ -493,7 +521,33 @@ def add_parser(sub) -> None:
     m.add_argument("--profile", default="tiny", choices=sorted(PROFILES), help="with --vllm")
     m.add_argument("--inject-fault", action="store_true", help="with --vllm: positive control")
     m.add_argument("--arm-timeout", type=float, default=None, help="seconds per arm")
-    m.add_argument("--executor", choices=["local", "slurm"], default="local")
+    m.add_argument(
+        "--executor",
+        choices=["local", "slurm", "bare"],
+        default="local",
+        help="local: here, one cell after another; slurm: one job array; bare: here, on "
+        "carried install sets (--parts), for a GPU host with no network",
+    )
+    m.add_argument(
+        "--parts",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="SET_DIR",
+        help="--executor bare: an install set's folder, one per vLLM release",
+    )
+    m.add_argument(
+        "--extra-wheels",
+        type=Path,
+        metavar="DIR",
+        help="--executor bare: wheels the kit needs and the host lacks",
+    )
+    m.add_argument("--trees", type=Path, help="--executor bare: where the installed trees live")
+    m.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        help="--executor bare: run the profiles on this device (a bare GPU host: cuda)",
+    )
     m.add_argument(
         "--dry-run",
         action="store_true",

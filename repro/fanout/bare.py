@@ -1,0 +1,181 @@
+"""`matrix --executor bare`: the matrix on a host with no Docker and no network.
+
+    python -m repro matrix --executor bare --parts SET_DIR [--parts SET_DIR ...] \
+        [--extra-wheels DIR] [--device cuda] --conditions FILE --out DIR
+
+Each `--parts` folder is one install set (`python -m repro.installset build`), carried to the
+host. A condition runs on the set whose vLLM release it names, installed once per (set, patch
+set) into a reused tree (`repro.host_tree`, `python -m repro host-install`), with this host's
+python: the cells run one after another, each `python -m repro run` with the tree on
+PYTHONPATH. Everything else is the local matrix's: a finished cell with the same content
+hash is kept, so when the machine goes away mid-way, the same command on a new one (the
+parts carried again, the matrix directory brought back) installs the trees again and runs
+only what did not finish. A condition with no set, or whose tree cannot be made, gets
+`error` records naming why; the other cells still run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from repro import host_tree
+from repro.errors import ReproError
+from repro.fanout import cell
+from repro.fanout.conditions import BadCondition, Condition
+
+
+class BareOptionsError(ReproError):
+    """`--executor bare` without what it needs, or with sets it cannot tell apart."""
+
+
+@dataclass(frozen=True)
+class BareOptions:
+    sets: dict[str, Path]  # vLLM release -> its install set's folder
+    extra_wheels: tuple[Path, ...] = ()
+    trees: Path | None = None
+    device: str | None = None
+
+
+def options_from_args(args) -> BareOptions:
+    if not args.parts:
+        raise BareOptionsError(
+            "--executor bare needs --parts SET_DIR (an install set from `python -m "
+            "repro.installset build`), once per vLLM release the conditions name"
+        )
+    sets: dict[str, Path] = {}
+    for folder in args.parts:
+        version = host_tree.TreeSpec(folder).root_requirement()["version"]
+        if version in sets:
+            raise BareOptionsError(
+                f"--parts {sets[version]} and --parts {folder} are both vLLM {version}; give "
+                f"one set per release"
+            )
+        sets[version] = folder
+    return BareOptions(
+        sets=sets,
+        extra_wheels=host_tree.extra_wheels_in(args.extra_wheels),
+        trees=args.trees,
+        device=args.device,
+    )
+
+
+def install_set_of(item: Condition, options: BareOptions) -> Path:
+    """The set a condition's engine is installed from; refused when none was carried."""
+    if item.vllm in options.sets:
+        return options.sets[item.vllm]
+    carried = ", ".join(f"{v} ({p})" for v, p in options.sets.items())
+    raise BareOptionsError(
+        f"no install set of vLLM {item.vllm} was given (--parts holds {carried}); build one "
+        f"where PyPI is reachable (python -m repro.installset build --vllm {item.vllm} "
+        f"--python X.Y --for-host FREEZE --out DIR) and carry it"
+    )
+
+
+def tree_spec(item: Condition, options: BareOptions) -> host_tree.TreeSpec:
+    return host_tree.TreeSpec(install_set_of(item, options), item.patches, options.extra_wheels)
+
+
+def dry_run(
+    items: list[Condition | BadCondition], out_dir: Path, options: BareOptions, finished: set[str]
+) -> str:
+    """Each condition's set and tree (made or reused), without making anything; ``finished``
+    names the cells a run would keep."""
+    root = options.trees or host_tree.default_root()
+    lines = [f"# matrix {out_dir}: {len(items)} condition(s) on this host; nothing made"]
+    for item in items:
+        if isinstance(item, BadCondition):
+            lines.append(f"#   {item.name}: error ({item.problem})")
+            continue
+        try:
+            spec = tree_spec(item, options)
+            tree = host_tree.tree_path(spec, root)
+        except ReproError as exc:
+            lines.append(f"#   {item.name}: error ({exc})")
+            continue
+        state = "reused" if host_tree.read_marker(tree) else "made"
+        what = "kept (finished, same content hash)" if item.name in finished else "run"
+        patches = ", ".join(p.name for p in item.patches) or "no patches"
+        lines.append(
+            f"#   {item.name}: {what}; set {spec.parts} ({patches}); tree {tree} ({state}); "
+            f"arms {', '.join(item.arms)}"
+        )
+    return "\n".join(lines)
+
+
+def run_bare(p, *, options: BareOptions, kit_source: Path, arm_timeout_s, log=print) -> None:
+    """Run the plan's cells one after another on their trees (see the module's text)."""
+    first_tree = None
+    trees: dict[Path, dict] = {}  # one record per tree, as matrix.json's environments
+    for item in p.to_run:
+        cell_dir = p.out_dir / item.name
+        started = time.monotonic()
+        if isinstance(item, BadCondition):
+            cell.run_cell(item, cell_dir, kit_source=kit_source, log=log)
+            continue
+        try:
+            tree, state = host_tree.ensure_tree(
+                tree_spec(item, options), root=options.trees, log=log
+            )
+        except (ReproError, OSError) as exc:
+            p.environments.append(_tree_record(item, None, f"{type(exc).__name__}: {exc}", started))
+            cell.write_condition(cell_dir, item)
+            cell.write_cell_errors(
+                item,
+                cell_dir,
+                f"no engine tree for {cell.describe_env(item)} on this host: {exc}",
+                error_type=type(exc).__name__,
+                phase="host-install",
+            )
+            log(f"[matrix] {item.name}: error (no tree: {exc})")
+            continue
+        first_tree = first_tree or tree
+        if tree in trees:
+            trees[tree]["cells"].append(item.name)
+        else:
+            trees[tree] = _tree_record(item, tree, state, started)
+            p.environments.append(trees[tree])
+        log(f"[matrix] {item.name}: running on {tree.name} ({state})")
+        docs = cell.run_cell(
+            item,
+            cell_dir,
+            kit_source=kit_source,
+            arm_timeout_s=arm_timeout_s,
+            engine_python=Path(sys.executable),
+            engine_path=tree,
+            device=options.device,
+            log=log,
+        )
+        states = ", ".join(f"{a} {d['verdict']['status']}" for a, d in docs.items())
+        log(f"[matrix] {item.name}: {states} ({time.monotonic() - started:.0f}s)")
+    borrow_validation(first_tree, options)
+
+
+def _tree_record(item: Condition, tree: Path | None, state: str, started: float) -> dict:
+    record = {
+        "vllm": item.vllm,
+        "patches": [pt.name for pt in item.patches],
+        "cells": [item.name],
+        "state": state if tree else "error",
+        "seconds": round(time.monotonic() - started, 3),
+    }
+    if tree:
+        record["tree"] = str(tree)
+    else:
+        record["error"] = state
+    return record
+
+
+def borrow_validation(tree: Path | None, options: BareOptions) -> None:
+    """Let this process validate matrix.json where the host lacks jsonschema: from a tree,
+    after the host's own packages (appended, so nothing the host has is shadowed)."""
+    if importlib.util.find_spec("jsonschema") is not None:
+        return
+    if tree is None:  # every cell was kept: the tree of any set, made or reused now
+        item_set = next(iter(options.sets.values()))
+        spec = host_tree.TreeSpec(item_set, (), options.extra_wheels)
+        tree, _ = host_tree.ensure_tree(spec, root=options.trees)
+    sys.path.append(str(tree))

