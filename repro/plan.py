@@ -19,6 +19,7 @@ needs; the estimate says whether the model fits, not what vLLM will take.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +32,6 @@ from repro.profiles import Profile
 
 PLAN_VERSION = 1
 HEADROOM_GIB = 16
-CONTAINER_WEIGHTS_ROOT = "/weights"
-CONTAINER_OUT = "/out"
 IMAGE_CUDA = (
     "the kit's CUDA image for the pins below (containers/cuda.Dockerfile): found by its "
     "labels, or built (`nox -s build-image -- --variant cuda`), or given with --image TAG"
@@ -225,8 +224,14 @@ def build_plan(
     out_dir: Path | None = None,
     lock_path: Path = weights.DEFAULT_LOCK,
     vllm_ref: str | None = None,
+    run_id: str = "<run id>",
+    host_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The plan of ``profile`` on a machine with ``hardware`` (``envinfo.collect_hardware()``)."""
+    """The plan of ``profile`` on a machine with ``hardware`` (``envinfo.collect_hardware()``).
+
+    Its container section is the `repro.containers.launch.Launch` that `run --container`
+    starts for the same profile and output folder, with the image and run id not known yet
+    (``run_id`` stands in; the host's check of the weights is made at run time)."""
     has_weights = profile.device == "cuda"
     gpus = hardware.get("gpus") or []
     try:
@@ -238,10 +243,6 @@ def build_plan(
     model: dict[str, Any] = {"repo_id": profile.model if has_weights else None}
     weights_section = None
     container: dict[str, Any] = {"image": IMAGE_CUDA, "network": "none"}
-    if profile.device == "cuda":
-        from repro.containers import run as container_run
-
-        container["gpu_settings"] = container_run.gpu_settings(profile)
     if has_weights:
         container["image_pins"] = image_pins(vllm_ref or DEFAULT_GPU_VLLM, DEFAULT_VARIANT)
         revision, source = weights.pinned_revision(
@@ -266,41 +267,33 @@ def build_plan(
             "fetch": f"python -m repro fetch-weights --profile {profile.name}",
             "verify": f"python -m repro verify-weights --profile {profile.name}",
         }
-        in_container = f"{CONTAINER_WEIGHTS_ROOT}/{repo_dir.name}"
-        model_path = f"{in_container}/snapshots/{revision or '<revision>'}"
-        out = Path(out_dir or "artifacts/<run id>")
-        container.update(
-            {
-                "mounts": [
-                    {
-                        "what": "weights",
-                        # The whole repo folder: snapshot files are links into its blobs/.
-                        "source": str(repo_dir),
-                        "target": in_container,
-                        "read_only": True,
-                    },
-                    {
-                        "what": "output",
-                        "source": str(out if out_dir is None else out.resolve()),
-                        "target": CONTAINER_OUT,
-                        "read_only": False,
-                    },
-                ],
-                "model_path": model_path,
-                "command": [
-                    "python",
-                    "-m",
-                    "repro",
-                    "run",
-                    "--profile",
-                    profile.name,
-                    "--model-path",
-                    model_path,
-                    "--out",
-                    CONTAINER_OUT,
-                ],
-            }
+        from repro import runner
+        from repro.containers.launch import profile_launch
+        from repro.containers.run import RunRequest
+
+        out = Path(out_dir).resolve() if out_dir is not None else Path("artifacts/<run id>")
+        request = RunRequest(
+            profile=profile,
+            arms=list(profile.arms),
+            out_dir=out,
+            run_id=run_id,
+            overrides={},
+            fault_kind=None,
+            command=[],
+            run_args=[],
+            arm_timeout_s=runner.DEFAULT_ARM_TIMEOUT_S,
         )
+        launch = profile_launch(
+            request,
+            image=IMAGE_CUDA,
+            image_env=None,
+            # The whole repo folder: snapshot files are links into its blobs/.
+            model_dir=repo_dir,
+            model_subpath=f"snapshots/{revision or '<revision>'}",
+            weights_pin=None,
+            host_env=dict(os.environ if host_env is None else host_env),
+        )
+        container.update(launch.as_record())
     else:
         model["description"] = profile.model
 
@@ -387,8 +380,9 @@ def print_plan(doc: dict[str, Any], *, with_json: bool = True) -> None:
         for item in pinned.get("needs_registry", []):
             summary.add_row("NEEDS A REGISTRY", item)
     summary.add_row("network", container["network"])
-    for key, value in (container.get("gpu_settings") or {}).items():
-        summary.add_row(f"container {key}", json.dumps(value))
+    for key in ("gpus", "shm_size", "ipc_mode", "ulimits", "timeout_s"):
+        if key in container:
+            summary.add_row(f"container {key}", json.dumps(container[key]))
     for mount in container.get("mounts", []):
         mode = "ro" if mount["read_only"] else "rw"
         summary.add_row(

@@ -64,7 +64,7 @@ class Profile:
     @property
     def min_gpus(self) -> int:
         """GPUs a run needs: one per tensor-parallel rank on CUDA (what its container is given,
-        `repro.containers.run.gpu_settings`), none on the CPU."""
+        `repro.containers.launch.profile_launch`), none on the CPU."""
         return self.tensor_parallel_size if self.device == "cuda" else 0
 
     @property

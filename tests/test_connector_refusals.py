@@ -87,7 +87,7 @@ def test_container_runs_check_the_connector_before_docker(capsys, tmp_path):
 
 
 def test_a_file_connector_is_mounted_and_renamed_for_the_container(tmp_path):
-    from repro.containers.run import CONTAINER_CONNECTOR, connector_args
+    from repro.containers.launch import CONTAINER_CONNECTOR, connector_args
 
     source = tmp_path / "mine.py"
     source.write_text("class C: pass\n")

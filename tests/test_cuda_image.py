@@ -324,22 +324,28 @@ def test_a_build_that_would_run_out_of_disk_stops_first(docker_client):
 def test_gpu_containers_get_devices_shm_ulimits_and_ipc(docker_client, small_image):
     """docker-py's real arguments reach the daemon; starting needs the NVIDIA runtime, which
     this machine has not: that is the point where a GPU is needed."""
+    import dataclasses
+
     import docker
 
+    from repro import plan
     from repro.containers import run as container_run
+    from repro.containers.launch import Launch
     from repro.profiles import get_profile
 
-    profile = get_profile("nemotron-super")
-    settings = container_run.gpu_settings(profile)
-    run = container_run.ContainerRun(
-        client=docker_client,
+    doc = plan.build_plan(get_profile("nemotron-super"), hardware={"gpus": []})
+    section = doc["container"]
+    launch = Launch(
         image=small_image.id,
-        command=["true"],
-        gpus=settings["gpus"],
-        shm_size=settings["shm_size"],
-        ulimits=container_run.GPU_ULIMITS,
-        ipc_mode=settings["ipc_mode"],
-        labels={container_run.RUN_LABEL: "test-gpu-args"},
+        argv=("true",),
+        gpus=section["gpus"],
+        shm_size=section["shm_size"],
+        ulimits={k: (v["soft"], v["hard"]) for k, v in section["ulimits"].items()},
+        ipc_mode=section["ipc_mode"],
+    )
+    assert dataclasses.asdict(launch)["gpus"] == 4
+    run = container_run.ContainerRun.from_launch(
+        launch, client=docker_client, user=None, labels={container_run.RUN_LABEL: "test-gpu-args"}
     )
     container = docker_client.containers.create(small_image.id, **run.create_kwargs())
     try:
@@ -381,7 +387,7 @@ def test_the_dry_run_plan_names_every_pin_and_what_needs_a_registry():
     if doc["model"]["revision_source"] == "unresolved":  # no Hub here: the weights need one
         assert any("Hugging Face Hub" in item for item in needs)
     assert len(needs) == 1 + (doc["model"]["revision_source"] == "unresolved")
-    gpu = doc["container"]["gpu_settings"]
+    gpu = doc["container"]
     assert gpu["gpus"] == 4 and gpu["shm_size"] == "16g" and gpu["ipc_mode"] == "private"
     commit = plan.image_pins(SHA, "cu130")
     needs = commit["needs_registry"]

@@ -256,8 +256,8 @@ def test_dry_run_on_a_gpu_profile_prints_the_array(tmp_path):
         "#SBATCH --partition=gpu",
         "#SBATCH --nodes=1",
         "--container-image=/images/repro-kit-cuda.sqsh",
-        ":/weights/models--nvidia--NVIDIA-Nemotron-3-Super-120B-A12B-BF16:ro",
-        "--model-path '/weights/models--nvidia--NVIDIA-Nemotron-3-Super-120B-A12B-BF16/",
+        "/models--nvidia--NVIDIA-Nemotron-3-Super-120B-A12B-BF16:/model:ro",
+        "--model-path '/model/snapshots/",
     ):
         assert words in text, words
     assert not (tmp_path / "m").exists()  # nothing submitted, nothing written

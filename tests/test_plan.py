@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from repro import cli, plan, weights
+from repro import cli, plan, runner, weights
 from repro.gpu_host import GPU_HOST_ENV
 from repro.profiles import NUM_SPECULATIVE_TOKENS, get_profile
 
@@ -90,9 +90,9 @@ def test_nemotron_plan(tmp_path):
     assert container["network"] == "none"
     assert container["mounts"] == [
         {
-            "what": "weights",
+            "what": "model",
             "source": str(repo_dir),
-            "target": f"/weights/{repo_dir.name}",
+            "target": "/model",
             "read_only": True,
         },
         {
@@ -102,7 +102,7 @@ def test_nemotron_plan(tmp_path):
             "read_only": False,
         },
     ]
-    assert container["model_path"] == f"/weights/{repo_dir.name}/snapshots/<revision>"
+    assert container["model_path"] == "/model/snapshots/<revision>"
 
     est = doc["memory_estimate"]
     assert est["kind"] == "estimate"
@@ -143,15 +143,10 @@ def test_qwen_plan_with_pinned_revision(tmp_path):
     }
     snapshot = weights.snapshot_dir((tmp_path / "cache").resolve(), "Qwen/Qwen3.6-27B-FP8", SHA)
     assert doc["weights"]["snapshot"] == str(snapshot)
-    assert (
-        doc["container"]["model_path"] == f"/weights/models--Qwen--Qwen3.6-27B-FP8/snapshots/{SHA}"
-    )
-    assert doc["container"]["command"][-4:] == [
-        "--model-path",
-        doc["container"]["model_path"],
-        "--out",
-        "/out",
-    ]
+    assert doc["container"]["model_path"] == f"/model/snapshots/{SHA}"
+    command = doc["container"]["command"]
+    assert command[command.index("--model-path") + 1] == doc["container"]["model_path"]
+    assert command[command.index("--out") + 1] == "/out"
     est = doc["memory_estimate"]
     assert (est["parameters"], est["bytes_per_parameter"], est["tensor_parallel_size"]) == (
         27e9,
@@ -262,3 +257,80 @@ def test_one_gpu_small_model_plans(name, repo, memory, tmp_path):
     assert set(doc["sampling"]) == {"cold-race", "multi-turn"}
     est = doc["memory_estimate"]
     assert est["estimate_gib_per_gpu"] < memory
+
+
+class _CapturingDocker:
+    """Stands in for the Docker daemon at the one call that would start a GPU container
+    (this machine has no GPU): it keeps `containers.create`'s arguments and refuses."""
+
+    def __init__(self):
+        self.created = None
+        self.containers = self
+
+    def list(self, **_filters):
+        return []
+
+    def create(self, image, **kwargs):
+        self.created = {"image": image, **kwargs}
+        raise RuntimeError("stand-in daemon: nothing is started")
+
+
+def test_the_plan_is_the_container_a_run_starts(tmp_path):
+    """`plan` prints the Launch that `run --container` starts: same command, mounts,
+    environment and limits (the image and the host's weights check are known only then)."""
+    from repro.containers.images import ImageFacts
+    from repro.containers.launch import CONTAINER_OUT
+    from repro.containers.run import RunRequest, run_profile_in_container
+    from repro.runcontext import IMAGE_ENV
+
+    lock = tmp_path / "weights.lock.json"
+    lock.write_text(json.dumps({"models": {"Qwen/Qwen3.6-27B-FP8": {"revision": SHA}}}))
+    profile = get_profile("qwen3.6-27b-fp8")
+    host_env = {"NCCL_NVLS_ENABLE": "7"}  # a user's own value travels in both
+    doc = plan.build_plan(
+        profile,
+        hardware={"gpus": [H200]},
+        cache=tmp_path / "cache",
+        out_dir=tmp_path / "out",
+        lock_path=lock,
+        run_id="r1",
+        host_env=host_env,
+    )
+    planned = doc["container"]
+    client = _CapturingDocker()
+    image = ImageFacts(id="sha256:" + "1" * 64, labels={}, tags=["kit:cuda"])
+    request = RunRequest(
+        profile=profile,
+        arms=list(profile.arms),
+        out_dir=tmp_path / "out",
+        run_id="r1",
+        overrides={},
+        fault_kind=None,
+        command=["python", "-m", "repro", "run"],
+        run_args=[],
+        arm_timeout_s=runner.DEFAULT_ARM_TIMEOUT_S,
+    )
+    repo_dir = weights.repo_folder((tmp_path / "cache").resolve(), profile.model)
+    repo_dir.mkdir(parents=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("os.environ", {**host_env, "PATH": "/usr/bin"})
+        run_profile_in_container(
+            request, client=client, image=image, model_dir=repo_dir,
+            model_subpath=f"snapshots/{SHA}", echo=None,
+        )  # fmt: skip
+    started = client.created
+    assert started["image"] == image.id and planned["image"].startswith("the kit's CUDA image")
+    assert ["python", "-m", "repro", *started["command"]] == planned["command"]
+    assert planned["command"][planned["command"].index("--out") + 1] == CONTAINER_OUT
+    assert [
+        {"source": m["Source"], "target": m["Target"], "read_only": m["ReadOnly"]}
+        for m in started["mounts"]
+    ] == [{k: m[k] for k in ("source", "target", "read_only")} for m in planned["mounts"]]
+    environment = dict(started["environment"])
+    assert json.loads(environment.pop(IMAGE_ENV))["id"] == image.id
+    assert environment == planned["environment"] and environment["NCCL_NVLS_ENABLE"] == "7"
+    assert started["device_requests"][0]["Count"] == planned["gpus"] == 1
+    assert (started["shm_size"], started["ipc_mode"]) == (planned["shm_size"], "private")
+    assert {u["Name"]: {"soft": u["Soft"], "hard": u["Hard"]} for u in started["ulimits"]} == (
+        planned["ulimits"]
+    )

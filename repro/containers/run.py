@@ -29,64 +29,29 @@ from typing import Any, TextIO
 from repro import redaction, runner
 from repro.connectors import Connector
 from repro.containers.images import ImageFacts
+from repro.containers.launch import (
+    CONTAINER_MODEL,
+    SHM_SIZE,
+    STARTUP_GRACE_S,
+    Launch,
+    Mount,
+    profile_launch,
+)
 from repro.errors import ReproError
-from repro.gpu_host import SHARED_CORES_ENV, gpu_host_env
 from repro.profiles import Profile
-from repro.runcontext import FACTS_FILE, IMAGE_ENV, Environment, RunContext
+from repro.runcontext import FACTS_FILE, Environment, RunContext
 
-CONTAINER_MODEL = "/model"
-CONTAINER_OUT = "/out"
-# A PATH.py connector's folder, mounted read-only (repro.connectors).
-CONTAINER_CONNECTOR = "/connector"
 CONTAINER_CACHE = "/cache"
 # Every container the kit starts carries this label (value: the run id), so that one left by a
 # host process killed with SIGKILL (no `finally` runs then) is found and removed by the next run.
 RUN_LABEL = "io.repro-kit.run"
-# Docker's default /dev/shm is 64 MiB. vLLM's CPU backend and torch keep tensors there in
-# multiprocess mode, and NCCL between tensor-parallel GPUs needs far more (vLLM's own docs run
-# its image with --ipc=host or a large --shm-size).
-SHM_SIZE = {"cpu": "2g", "cuda": "16g"}
-# What NVIDIA's containers are documented to want for multi-GPU work: locked memory without a
-# cap (NCCL and CUDA pin host buffers) and a 64 MiB stack; a private IPC namespace holding the
-# tensor-parallel workers of one container, with the shm size above.
-GPU_ULIMITS = {"memlock": (-1, -1), "stack": (67108864, 67108864)}
-GPU_IPC_MODE = "private"
 
 
-def gpu_settings(profile: Profile) -> dict[str, Any]:
-    """What a CUDA profile's container is started with (and what `plan` shows)."""
-    return {
-        "gpus": profile.tensor_parallel_size,
-        "device_requests": [
-            {"driver": "nvidia", "count": profile.tensor_parallel_size, "capabilities": [["gpu"]]}
-        ],
-        "shm_size": SHM_SIZE["cuda"],
-        "ipc_mode": GPU_IPC_MODE,
-        "ulimits": {name: {"soft": s, "hard": h} for name, (s, h) in GPU_ULIMITS.items()},
-    }
-
-
-# Seconds a container gets beyond its arms' own timeouts (image start, engine imports, records).
-STARTUP_GRACE_S = 300
 CONTAINER_LOG = "logs/container.log"
 
 
 class ContainerRunError(ReproError):
     """The container could not be started, or did not finish its run."""
-
-
-@dataclass(frozen=True)
-class Mount:
-    source: Path
-    target: str
-    read_only: bool
-
-    def docker(self):
-        import docker
-
-        return docker.types.Mount(
-            target=self.target, source=str(self.source), type="bind", read_only=self.read_only
-        )
 
 
 @dataclass
@@ -143,6 +108,25 @@ class ContainerRun:
         self.ipc_mode = ipc_mode
         self.container = None
         self._old_handlers: dict[int, Any] = {}
+
+    @classmethod
+    def from_launch(
+        cls, launch: Launch, *, client, user: str | None, labels: Mapping[str, str]
+    ) -> ContainerRun:
+        """The container ``launch`` describes (`repro.containers.launch`)."""
+        return cls(
+            client=client,
+            image=launch.image,
+            command=launch.argv,
+            mounts=launch.mounts,
+            environment=launch.environment,
+            gpus=launch.gpus,
+            shm_size=launch.shm_size,
+            ulimits=launch.ulimits or None,
+            ipc_mode=launch.ipc_mode,
+            user=user,
+            labels={**launch.labels, **labels},
+        )
 
     def create_kwargs(self) -> dict[str, Any]:
         """docker-py's ``containers.create`` arguments for this run (all but the image)."""
@@ -324,22 +308,6 @@ class RunRequest:
         )
 
 
-def connector_args(connector: Connector | None) -> tuple[list[str], list[Mount]]:
-    """The connector as the command inside the container names it, and what to mount: a
-    PATH.py connector's folder goes in read-only at CONTAINER_CONNECTOR."""
-    if connector is None:
-        return [], []
-    spec, mounts = connector.spec, []
-    if connector.file:
-        source = Path(connector.file)
-        spec = f"{CONTAINER_CONNECTOR}/{source.name}:{connector.cls}"
-        mounts.append(Mount(source.parent, CONTAINER_CONNECTOR, read_only=True))
-    args = ["--connector", spec]
-    if connector.extra_config:
-        args += ["--connector-config", json.dumps(connector.extra_config)]
-    return args, mounts
-
-
 def run_profile_in_container(
     request: RunRequest,
     *,
@@ -359,67 +327,33 @@ def run_profile_in_container(
     """
     # Docker mounts absolute paths; the error records go to the same folder.
     request = replace(request, out_dir=Path(request.out_dir).resolve())
-    profile, arms, out_dir = request.profile, request.arms, request.out_dir
+    arms, out_dir = request.arms, request.out_dir
     host_log = open_run_log(out_dir)
     run_id = request.run_id
-    model_path = f"{CONTAINER_MODEL}/{model_subpath}" if model_subpath else CONTAINER_MODEL
     # Records from an earlier run in the same folder must not pass for this run's.
     for arm in arms:
         (out_dir / f"{arm}.json").unlink(missing_ok=True)
     (out_dir / FACTS_FILE).unlink(missing_ok=True)
-    inner = [
-        "run", "--profile", profile.name, "--model-path", model_path, "--out", CONTAINER_OUT,
-        "--run-id", run_id,
-        "--arms", *arms, "--arm-timeout", str(request.arm_timeout_s), *request.run_args,
-    ]  # fmt: skip
-    if profile.device != get_profile_device(profile):
-        inner += ["--device", profile.device]
-    connector_flags, connector_mounts = connector_args(request.connector)
-    inner += connector_flags
-    environment = {
-        "HF_HUB_OFFLINE": "1",
-        "REPRO_IN_CONTAINER": "1",
-        IMAGE_ENV: json.dumps(image.as_record()),
-        "PYTHONUNBUFFERED": "1",
-        # A uid without a home of its own (see _user): vLLM and torch keep caches under ~.
-        "HOME": "/tmp",
-    }
-    if profile.device == "cuda":
-        # The host's own values of the NVLink switches, where set, else the kit's defaults.
-        environment.update(gpu_host_env(os.environ))
-    # A host whose engines share its cores (the test suite) waits passively in here too.
-    environment.update({k: os.environ[k] for k in SHARED_CORES_ENV if k in os.environ})
-    if weights_pin is not None:  # the host's check of the mounted weights
-        from repro.weights import PIN_ENV
-
-        environment[PIN_ENV] = json.dumps(weights_pin, sort_keys=True)
-    mounts = [
-        Mount(Path(model_dir).resolve(), CONTAINER_MODEL, read_only=True),
-        Mount(out_dir, CONTAINER_OUT, read_only=False),
-        *connector_mounts,
-    ]
-    gpus = profile.tensor_parallel_size if profile.device == "cuda" else 0
-    timeout_s = request.arm_timeout_s * len(arms) + STARTUP_GRACE_S
+    launch = profile_launch(
+        request,
+        image=image.id,
+        image_env=json.dumps(image.as_record()),
+        model_dir=Path(model_dir).resolve(),
+        model_subpath=model_subpath,
+        weights_pin=weights_pin,
+        host_env=os.environ,
+    )
+    model_path, timeout_s = launch.model_path, launch.timeout_s
     started = time.monotonic()
     outcome: Outcome | None = None
     failure: str | None = None
     with host_log:
         _emit(f"[repro] image {image.name} {image.id}\n", host_log, echo)
-        _emit(f"[repro] container command: python -m repro {' '.join(inner)}\n", host_log, echo)
+        _emit(f"[repro] container command: {' '.join(launch.command)}\n", host_log, echo)
         try:
             sweep_leftovers(client, log=lambda m: _emit(m + "\n", host_log, echo))
-            with ContainerRun(
-                client=client,
-                image=image.id,
-                command=inner,
-                mounts=mounts,
-                environment=environment,
-                gpus=gpus,
-                shm_size=SHM_SIZE[profile.device],
-                ulimits=GPU_ULIMITS if gpus else None,
-                ipc_mode=GPU_IPC_MODE if gpus else None,
-                user=_user(),
-                labels={RUN_LABEL: run_id},
+            with ContainerRun.from_launch(
+                launch, client=client, user=_user(), labels={RUN_LABEL: run_id}
             ) as ctr:
                 _emit(f"[repro] container {ctr.container.short_id} started\n", host_log, echo)
                 outcome = ctr.stream(host_log, echo, timeout_s)

@@ -143,7 +143,7 @@ def _weights_mount(profile, cache: Path | None) -> str:
     from repro import envinfo, plan
 
     doc = plan.build_plan(profile, hardware=envinfo.collect_hardware(), cache=cache)
-    mount = next(m for m in doc["container"]["mounts"] if m["what"] == "weights")
+    mount = next(m for m in doc["container"]["mounts"] if m["what"] == "model")
     return f"{mount['source']}:{mount['target']}:ro"
 
 
