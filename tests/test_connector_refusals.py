@@ -87,16 +87,15 @@ def test_container_runs_check_the_connector_before_docker(capsys, tmp_path):
 
 
 def test_a_file_connector_is_mounted_and_renamed_for_the_container(tmp_path):
-    from repro.containers.launch import CONTAINER_CONNECTOR, connector_args
+    from repro.containers.launch import CONTAINER_CONNECTOR, connector_inside
 
     source = tmp_path / "mine.py"
     source.write_text("class C: pass\n")
-    args, mounts = connector_args(connectors.parse(f"{source}:C", '{"k": 1}'))
-    assert args == ["--connector", f"{CONTAINER_CONNECTOR}/mine.py:C", "--connector-config",
-                    '{"k": 1}']  # fmt: skip
+    spec, config, mounts = connector_inside(connectors.parse(f"{source}:C", '{"k": 1}'))
+    assert (spec, config) == (f"{CONTAINER_CONNECTOR}/mine.py:C", '{"k": 1}')
     (mount,) = mounts
     assert (mount.source, mount.target, mount.read_only) == (tmp_path, CONTAINER_CONNECTOR, True)
-    assert connector_args(connectors.parse("probe")) == (["--connector", "probe"], [])
+    assert connector_inside(connectors.parse("probe")) == ("probe", None, [])
 
 
 def test_a_release_without_kv_transfer_is_refused(monkeypatch):

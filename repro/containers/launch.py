@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from repro.gpu_host import SHARED_CORES_ENV, gpu_host_env
+from repro.run_settings import RunSettings
 
 CONTAINER_MODEL = "/model"
 CONTAINER_OUT = "/out"
@@ -113,15 +114,20 @@ def profile_launch(
 
     profile, arms = request.profile, request.arms
     model_path = f"{CONTAINER_MODEL}/{model_subpath}" if model_subpath else CONTAINER_MODEL
-    argv = [
-        "run", "--profile", profile.name, "--model-path", model_path, "--out", CONTAINER_OUT,
-        "--run-id", request.run_id,
-        "--arms", *arms, "--arm-timeout", str(request.arm_timeout_s), *request.run_args,
-    ]  # fmt: skip
-    if profile.device != get_profile(profile.name).device:  # moved with --device
-        argv += ["--device", profile.device]
-    connector_flags, connector_mounts = connector_args(request.connector)
-    argv += connector_flags
+    connector_spec, connector_config, connector_mounts = connector_inside(request.connector)
+    moved = profile.device != get_profile(profile.name).device  # by --device
+    inside = RunSettings(
+        profile=profile.name,
+        run_id=request.run_id,
+        out=Path(CONTAINER_OUT),
+        model_path=model_path,
+        device=profile.device if moved else None,
+        arms=list(arms),
+        arm_timeout=request.arm_timeout_s,
+        connector=connector_spec,
+        connector_config=connector_config,
+    )
+    argv = [*inside.run_argv(), *request.run_args]
     environment = {
         "HF_HUB_OFFLINE": "1",
         "REPRO_IN_CONTAINER": "1",
@@ -162,17 +168,15 @@ def profile_launch(
     )
 
 
-def connector_args(connector) -> tuple[list[str], list[Mount]]:
-    """The connector as the command inside the container names it, and what to mount: a
-    PATH.py connector's folder goes in read-only at CONTAINER_CONNECTOR."""
+def connector_inside(connector) -> tuple[str | None, str | None, list[Mount]]:
+    """The connector as the command inside the container names it (spec, extra config), and
+    what to mount: a PATH.py connector's folder goes in read-only at CONTAINER_CONNECTOR."""
     if connector is None:
-        return [], []
+        return None, None, []
     spec, mounts = connector.spec, []
     if connector.file:
         source = Path(connector.file)
         spec = f"{CONTAINER_CONNECTOR}/{source.name}:{connector.cls}"
         mounts.append(Mount(source.parent, CONTAINER_CONNECTOR, read_only=True, what="connector"))
-    args = ["--connector", spec]
-    if connector.extra_config:
-        args += ["--connector-config", json.dumps(connector.extra_config)]
-    return args, mounts
+    config = json.dumps(connector.extra_config) if connector.extra_config else None
+    return spec, config, mounts

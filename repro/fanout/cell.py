@@ -27,6 +27,7 @@ from repro.errors import PatchError, ReproError
 from repro.fanout import conditions
 from repro.fanout.conditions import BadCondition, Condition
 from repro.profiles import get_profile
+from repro.run_settings import RunSettings
 from repro.runcontext import Environment, RunContext
 
 CONDITION_FILE = "condition.json"
@@ -217,26 +218,24 @@ def run_args(
 ) -> list[str]:
     """`python -m repro run …` arguments for the condition's arms into ``cell_dir``; ``device``
     runs the profile on another device (a bare GPU host runs the tiny profiles on CUDA)."""
-    args = ["run", "--profile", condition.profile, "--out", str(cell_dir.resolve())]
     profile = get_profile(condition.profile)
-    if device and device != profile.device:
-        args += ["--device", device]
-    if profile.tiny_model is None:
-        args += ["--model-path", weights_path(profile, in_image=in_image)]
-    args += ["--arms", *condition.arms]
-    if condition.inject_fault:
-        args.append("--inject-fault")
-    for key, value in condition.overrides.items():
-        args += ["--override", f"{key}={json.dumps(value)}"]
-    if condition.connector != "none":
-        args += ["--connector", condition.connector]
-        if condition.connector_config:
-            args += ["--connector-config", json.dumps(condition.connector_config)]
-    if arm_timeout_s:
-        args += ["--arm-timeout", str(arm_timeout_s)]
-    if condition.repeat > 1:
-        args += ["--repeat", str(condition.repeat)]
-    return args
+    return RunSettings(
+        profile=condition.profile,
+        out=cell_dir.resolve(),
+        model_path=None
+        if profile.tiny_model is not None
+        else weights_path(profile, in_image=in_image),
+        device=device if device and device != profile.device else None,
+        arms=list(condition.arms),
+        inject_fault=condition.inject_fault,
+        override=[f"{key}={json.dumps(value)}" for key, value in condition.overrides.items()],
+        arm_timeout=arm_timeout_s or None,
+        connector=None if condition.connector == "none" else condition.connector,
+        connector_config=json.dumps(condition.connector_config)
+        if condition.connector != "none" and condition.connector_config
+        else None,
+        repeat=condition.repeat,
+    ).run_argv()
 
 
 def run_cell(
