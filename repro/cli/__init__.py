@@ -11,6 +11,7 @@ host-install    a carried install set (and patches) into a reused tree on a bare
 tiny-model  build (or find) the tiny model and print its directory
 train-tiny  check the committed trained needle model (--retrain: train it again, on a GPU)
 validate    validate artifact files against the schema
+kit-archive the kit as one small archive for a host without network (carry it with the parts)
 fetch-weights   download a profile's model at a pinned commit and write its sha256 manifest
 verify-weights  re-hash a fetched snapshot against its manifest (offline)
 plan        print what a GPU profile's run would do (settings, hardware, mounts, memory)

@@ -2,6 +2,7 @@
 
 validate    validate artifact files against the schema
 kit-digest  this kit's source digest; with artifacts, whether they ran this code
+kit-archive the kit as one small deterministic archive, for a host without network
 """
 
 from __future__ import annotations
@@ -19,6 +20,21 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="print this kit's source digest; with artifacts, say whether they ran this code",
     )
     digest.add_argument("files", nargs="*", type=Path, help="artifacts to compare (kit section)")
+
+    archive = sub.add_parser(
+        "kit-archive",
+        help="write the kit's code, schemas and containers/ as one .tar.gz for a host without "
+        "network",
+    )
+    archive.add_argument("--out", type=Path, required=True, help="folder to write it into")
+
+
+def cmd_kit_archive(args: argparse.Namespace) -> int:
+    from repro.kit_archive import write_kit_archive
+
+    path = write_kit_archive(args.out)
+    print(f"{path} ({path.stat().st_size / 2**20:.1f} MiB): tar -xzf it on the host", flush=True)
+    return 0
 
 
 def cmd_kit_digest(args: argparse.Namespace) -> int:
@@ -75,6 +91,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {
+    "kit-archive": cmd_kit_archive,
     "kit-digest": cmd_kit_digest,
     "validate": cmd_validate,
 }

@@ -26,12 +26,17 @@ CHUNK = 1 << 20
 # --- writing ------------------------------------------------------------------------------
 
 
-def tar_bytes(files: dict[str, bytes], mtime: int) -> bytes:
-    """The uncompressed tar of ``files`` (path -> bytes): sorted, fixed metadata, no dirs."""
-    return b"".join(tar_chunks(files, mtime))
+def tar_bytes(
+    files: dict[str, bytes], mtime: int, executable: frozenset[str] = frozenset()
+) -> bytes:
+    """The uncompressed tar of ``files`` (path -> bytes): sorted, fixed metadata, no dirs;
+    the paths in ``executable`` get mode 0755 (a script), every other file 0644."""
+    return b"".join(tar_chunks(files, mtime, executable))
 
 
-def tar_chunks(files: dict[str, bytes], mtime: int) -> Iterator[bytes]:
+def tar_chunks(
+    files: dict[str, bytes], mtime: int, executable: frozenset[str] = frozenset()
+) -> Iterator[bytes]:
     """`tar_bytes` piece by piece (header, data, padding, ..., end blocks), as tarfile writes
     them: `repro verify` compares a received tar with this without a second copy in memory."""
     size = 0
@@ -40,7 +45,7 @@ def tar_chunks(files: dict[str, bytes], mtime: int) -> Iterator[bytes]:
         info = tarfile.TarInfo(path)
         info.size = len(data)
         info.mtime = mtime
-        info.mode = MEMBER_MODE
+        info.mode = 0o755 if path in executable else MEMBER_MODE
         info.uid = info.gid = 0
         info.uname = info.gname = ""
         info.type = tarfile.REGTYPE
