@@ -572,9 +572,3 @@ def _completion(
         restores=restores,
         connector=connector,
     )
-
-
-def vllm_version() -> str:
-    import vllm
-
-    return getattr(vllm, "__version__", "unknown")

@@ -20,12 +20,11 @@ from repro.artifact import (
     ArtifactInvalid,
     load_schema,
     redact_env,
-    scan_document,
     schema_path,
-    secrets_scan,
     validate_artifact,
     write_artifact,
 )
+from repro.redaction import scan, scan_document
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = Path(__file__).parent / "fixtures" / "artifact-example.json"
@@ -521,7 +520,7 @@ HF_TOKEN = "hf_" + "aB3dE5gH7jK9mN1pQ3sT5vX7zA9cE1gI3k"
     ],
 )
 def test_secrets_scan_finds_credentials_without_echoing_them(text, kind):
-    found = secrets_scan(text)
+    found = scan(text)
     assert any(kind in f for f in found), found
     for finding in found:
         assert "abc123" not in finding and HF_TOKEN not in finding
@@ -541,7 +540,7 @@ def test_secrets_scan_finds_credentials_without_echoing_them(text, kind):
     ],
 )
 def test_secrets_scan_leaves_ordinary_text_alone(text):
-    assert secrets_scan(text) == []
+    assert scan(text) == []
 
 
 def test_example_holds_no_secrets():
@@ -567,7 +566,7 @@ def test_scan_document_names_where():
     )
 )
 def test_any_hugging_face_token_is_found(body):
-    assert any("Hugging Face token" in f for f in secrets_scan(f"x hf_{body} y"))
+    assert any("Hugging Face token" in f for f in scan(f"x hf_{body} y"))
 
 
 def test_write_artifact_refuses_secrets_and_keeps_the_old_file(tmp_path):

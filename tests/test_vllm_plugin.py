@@ -238,7 +238,7 @@ def _engine_main(config: dict[str, Any]) -> dict[str, Any]:
         "outputs": outputs,
         "counters": counters,
         "cpu_kernels": vllm_plugin.installed_cpu_kernels(),
-        "fault": vllm_plugin.installed_fault(),
+        "fault": fault_injection.installed_kind(),
         "fault_applied": fault_injection.applied_count(),
     }
 

@@ -26,13 +26,8 @@ ARM_ORDER = ("cold-race", "multi-turn")
 IMAGE_RECORD_NAME = "image-record.json"
 IMAGE_IMPORT_NAME = "image-import.json"
 WEIGHTS_MANIFEST_NAME = "repro-weights-manifest.json"  # as repro.weights.MANIFEST_NAME
-# The schema each kind of JSON file is checked against (file name in schemas/, version 1).
-SCHEMA_OF_KIND = {
-    "run-artifact": "run-artifact",
-    "image-record": "image-record",
-    "image-import": "image-import",
-    "weights-manifest": "weights-manifest",
-}
+# The kinds of JSON file a run holds; each is checked against the schema of its name.
+JSON_KINDS = frozenset({"run-artifact", "image-record", "image-import", "weights-manifest"})
 BUNDLE_SUFFIXES = (".tar.gz", ".tgz")
 
 
@@ -112,7 +107,7 @@ def runs_from_files(
         documents: dict[str, dict[str, Any]] = {}
         records: dict[str, dict[str, Any]] = {}
         for name, kind in kinds.items():
-            if not name.startswith(prefix) or kind not in SCHEMA_OF_KIND:
+            if not name.startswith(prefix) or kind not in JSON_KINDS:
                 continue
             doc = parse_json(contents[name], f"{source}#{name}", kind)  # verified: valid
             key = doc["arm"] if kind == "run-artifact" else kind
@@ -151,7 +146,7 @@ def parse_json(data: bytes, where: str, kind: str) -> dict[str, Any]:
         doc = parse_json_bytes(data, where)
     except JSONUnreadable as exc:
         raise EvidenceError(str(exc)) from None
-    _require_valid(doc, SCHEMA_OF_KIND[kind], where)
+    _require_valid(doc, kind, where)
     return doc
 
 
