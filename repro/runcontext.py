@@ -19,6 +19,7 @@ from typing import Any
 from repro import envinfo, patching
 from repro.artifact import redact_env
 from repro.clock import utc_text
+from repro.containers import labels as label_keys
 from repro.errors import ReproError
 from repro.profiles import MODEL_PROFILE_NAME, Profile, for_model, get_profile
 
@@ -184,9 +185,9 @@ def kit_facts() -> dict[str, Any]:
     image = image_from_env()
     if kit["git_commit"] is None and image is not None:
         labels = image["labels"]
-        commit = labels.get("org.opencontainers.image.revision", "")
+        commit = labels.get(label_keys.OCI_REVISION, "")
         if re.fullmatch(r"[0-9a-f]{40}", commit):
-            dirty = labels.get("io.repro-kit.dirty")
+            dirty = labels.get(label_keys.DIRTY)
             kit = {**kit, "git_commit": commit, "dirty": {"true": True, "false": False}.get(dirty)}
     return kit
 

@@ -28,6 +28,7 @@ from typing import Any, TextIO
 
 from repro import redaction, runner
 from repro.connectors import Connector
+from repro.containers import labels as label_keys
 from repro.containers.images import ImageFacts
 from repro.errors import ReproError
 from repro.gpu_host import SHARED_CORES_ENV, gpu_host_env
@@ -41,7 +42,6 @@ CONTAINER_CONNECTOR = "/connector"
 CONTAINER_CACHE = "/cache"
 # Every container the kit starts carries this label (value: the run id), so that one left by a
 # host process killed with SIGKILL (no `finally` runs then) is found and removed by the next run.
-RUN_LABEL = "io.repro-kit.run"
 # Docker's default /dev/shm is 64 MiB. vLLM's CPU backend and torch keep tensors there in
 # multiprocess mode, and NCCL between tensor-parallel GPUs needs far more (vLLM's own docs run
 # its image with --ipc=host or a large --shm-size).
@@ -274,7 +274,7 @@ def sweep_leftovers(client, log=print) -> int:
     """Remove stopped containers of earlier runs (their host process died without cleanup)."""
     removed = 0
     for container in client.containers.list(
-        all=True, filters={"label": RUN_LABEL, "status": "exited"}
+        all=True, filters={"label": label_keys.RUN, "status": "exited"}
     ):
         log(f"[repro] removing container {container.short_id} left by an earlier run")
         remove_container(container)
@@ -419,7 +419,7 @@ def run_profile_in_container(
                 ulimits=GPU_ULIMITS if gpus else None,
                 ipc_mode=GPU_IPC_MODE if gpus else None,
                 user=_user(),
-                labels={RUN_LABEL: run_id},
+                labels={label_keys.RUN: run_id},
             ) as ctr:
                 _emit(f"[repro] container {ctr.container.short_id} started\n", host_log, echo)
                 outcome = ctr.stream(host_log, echo, timeout_s)
@@ -499,14 +499,14 @@ def _container_environment(out_dir: Path, image: ImageFacts) -> Environment:
     from repro.artifact import redact_env
 
     labels = image.labels
-    vllm = labels.get("io.repro-kit.vllm.ref") or None
-    distribution = labels.get("io.repro-kit.vllm.distribution") or None
-    torch = labels.get("io.repro-kit.torch")
+    vllm = labels.get(label_keys.VLLM_REF) or None
+    distribution = labels.get(label_keys.VLLM_DISTRIBUTION) or None
+    torch = labels.get(label_keys.TORCH)
     return Environment(
         hardware=envinfo.collect_hardware(),
         # The image never reported its own environment: only what its labels pin is known.
         software={
-            "python": labels.get("io.repro-kit.python") or "not reported (container died first)",
+            "python": labels.get(label_keys.PYTHON) or "not reported (container died first)",
             "packages": {"vllm": vllm, "torch": torch if torch not in (None, "unpinned") else None},
             "distributions": {"vllm": distribution, "torch": "torch" if torch else None},
         },
@@ -586,7 +586,7 @@ def build_tiny_model_in_image(
         mounts=[Mount(cache_dir, CONTAINER_CACHE, read_only=False)],
         environment={"HOME": "/tmp", "PYTHONUNBUFFERED": "1"},
         user=_user(),
-        labels={RUN_LABEL: "tiny-model"},
+        labels={label_keys.RUN: "tiny-model"},
     ) as ctr:
         outcome = ctr.stream(_NullSink(), sys.stderr, STARTUP_GRACE_S)
     if outcome.exit_code != 0 or not (target / "config.json").is_file():
