@@ -22,6 +22,7 @@ from repro.clock import utc_text
 from repro.containers import labels as label_keys
 from repro.errors import ReproError
 from repro.profiles import MODEL_PROFILE_NAME, Profile, for_model, get_profile
+from repro.vocabulary import Device
 
 # Set by the host for a run in one of the kit's images (repro/containers/run.py): the image's
 # id and labels as JSON. A process inside a container cannot see its own image.
@@ -88,7 +89,7 @@ class RunContext:
     command: list[str]
     kit: dict[str, Any]
     profile: str
-    device: str
+    device: Device
     # A model without a profile is rebuilt from these in the engine process.
     model: str
     tensor_parallel_size: int

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
-from repro import artifact
+from repro import artifact, vocabulary
 from repro.artifact import (
     ArtifactContainsSecrets,
     ArtifactInvalid,
@@ -67,9 +67,18 @@ def test_the_verdict_vocabulary_is_grading_s():
     from repro import grading
 
     verdict = artifact.load_schema("run-artifact", 1)["properties"]["verdict"]["properties"]
-    assert tuple(verdict["status"]["enum"]) == grading.STATUSES
-    assert tuple(verdict["gate"]["enum"]) == (None, *grading.GATES)
+    assert tuple(verdict["status"]["enum"]) == vocabulary.STATUSES
+    assert tuple(verdict["gate"]["enum"]) == (None, *vocabulary.GATES)
     assert tuple(verdict["outcome"]["enum"]) == grading.OUTCOMES
+
+
+def test_the_arms_signals_and_devices_are_the_schema_s():
+    schema = artifact.load_schema("run-artifact", 1)
+    assert tuple(schema["properties"]["arm"]["enum"]) == vocabulary.ARMS
+    assert tuple(schema["$defs"]["signalKind"]["enum"]) == vocabulary.SIGNALS
+    assert tuple(schema["properties"]["profile"]["properties"]["device"]["enum"]) == (
+        vocabulary.DEVICES
+    )
 
 
 def test_schema_is_found_in_the_checkout_and_load_returns_copies():

@@ -21,8 +21,8 @@ from typing import Any
 from repro.artifact import schema_violations
 from repro.errors import ReproError
 from repro.jsonread import JSONUnreadable, parse_json_bytes, read_json, read_json_bytes
+from repro.vocabulary import ARMS
 
-ARM_ORDER = ("cold-race", "multi-turn")
 IMAGE_RECORD_NAME = "image-record.json"
 IMAGE_IMPORT_NAME = "image-import.json"
 WEIGHTS_MANIFEST_NAME = "repro-weights-manifest.json"  # as repro.weights.MANIFEST_NAME
@@ -37,7 +37,8 @@ class EvidenceError(ReproError):
 
 @dataclass
 class Run:
-    """One run: its artifacts by arm (in ARM_ORDER) and the records that travel with it."""
+    """One run: its artifacts by arm (in `repro.vocabulary.ARMS` order) and the records that
+    travel with it."""
 
     label: str
     source: str  # what the user named (a directory, or BUNDLE#runs/LABEL), for messages
@@ -137,7 +138,7 @@ def order_arms(documents: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]
 
 
 def _arm_rank(arm: str) -> tuple[int, str]:
-    return (ARM_ORDER.index(arm) if arm in ARM_ORDER else len(ARM_ORDER), arm)
+    return (ARMS.index(arm) if arm in ARMS else len(ARMS), arm)
 
 
 def parse_json(data: bytes, where: str, kind: str) -> dict[str, Any]:
@@ -189,7 +190,6 @@ def _kind_of_name(name: str) -> str:
 
 
 __all__ = [
-    "ARM_ORDER",
     "EvidenceError",
     "Run",
     "load_run_dir",

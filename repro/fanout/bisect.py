@@ -37,6 +37,7 @@ from repro.errors import ReproError
 from repro.fanout import cell
 from repro.fanout.conditions import Condition
 from repro.profiles import parse_overrides
+from repro.vocabulary import ARMS
 
 SKIPPED = ("inconclusive", "error")
 
@@ -355,7 +356,7 @@ def add_parser(sub) -> None:
     from repro.profiles import PROFILES
 
     b = sub.add_parser("bisect", help="the first ref whose verdict differs from the bad end's")
-    b.add_argument("--arm", required=True, choices=["cold-race", "multi-turn"])
+    b.add_argument("--arm", required=True, choices=list(ARMS))
     b.add_argument("--bad", required=True, help="the ref with the verdict to search away from")
     b.add_argument("--good", required=True, help="the ref known to differ")
     b.add_argument("--out", type=Path, required=True)

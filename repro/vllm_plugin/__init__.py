@@ -26,11 +26,10 @@ silently as a clean run).
 from __future__ import annotations
 
 from . import fault_injection
-from .fault_injection import ACCEPTED_FAULTS, ENV_VAR, active_fault, logger
+from .fault_injection import ACCEPTED_FAULTS, active_fault, logger
 
 __all__ = [
     "ACCEPTED_FAULTS",
-    "ENV_VAR",
     "active_fault",
     "installed_cpu_kernels",
     "register",
