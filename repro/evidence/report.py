@@ -26,6 +26,13 @@ MARK = {"corrupted": "🔴", "clean": "✅", "inconclusive": "⚠️", "error": 
 # --- figures -------------------------------------------------------------------------------
 
 
+# What the queries, hits and drafts of a run's table count (the report's and the CLI's).
+ENGAGEMENT_LEGEND = (
+    "Queries, hits and drafts: the APC run's own waves, not the liveness probe's; under "
+    "upstream's rules a verdict's reason counts the probe's drafts too."
+)
+
+
 def engagement(doc: dict[str, Any]) -> dict[str, int] | None:
     """APC-run counters summed over the arm's waves (the liveness probe is reported apart)."""
     counters = (doc.get("counters") or {}).get("apc")
@@ -298,7 +305,7 @@ def render_run(run: Run) -> list[str]:
     lines += _table(
         ["Arm", "Prefix-cache queries", "Hits", "Hit ratio", "Drafts", "Liveness probe"], rows
     )
-    lines.append("")
+    lines += ["", ENGAGEMENT_LEGEND, ""]
     run_ids = ", ".join(f"`{doc['run']['id']}`" for doc in run.documents.values())
     lines += [
         f"- Hardware: {hardware_text(first)}",
