@@ -11,6 +11,9 @@ nox -s build-image -- --variant cuda --vllm 0.26.0|COMMIT [--wheelhouse DIR] [--
 nox -s cpu-wheelhouse -- --out DIR                 every wheel the CPU image installs
 nox -s cuda-lock -- --vllm 0.26.0 [--for-host FREEZE]   one wheel lock: CUDA image + install set
 nox -s cuda-wheelhouse -- --vllm 0.26.0 --out DIR  every wheel of that lock
+nox -s installset -- --vllm 0.26.0 --python 3.12 --for-host FREEZE --out DIR
+                                                   offline install set for a GPU host (old name:
+                                                   wheelhouse, kept as an alias)
 nox -s fetch-weights -- --profile qwen3.6-27b-fp8   fetch a GPU profile's weights (pinned)
 nox -s verify-weights -- --profile qwen3.6-27b-fp8  re-hash them offline
 nox -s repro-qwen / repro-nemotron               a GPU profile in the CUDA image (built if missing)
@@ -183,15 +186,22 @@ def plugin_releases(session: nox.Session) -> None:
 
 
 @nox.session
-def wheelhouse(session: nox.Session) -> None:
+def installset(session: nox.Session) -> None:
     """Offline install set for an air-gapped GPU host (vLLM plus what the host lacks).
 
-    nox -s wheelhouse -- --vllm 0.26.0 --python 3.12 \\
+    nox -s installset -- --vllm 0.26.0 --python 3.12 \\
         --for-host containers/hosts/h200-pip-freeze.txt --out .installsets/vllm-0.26.0-cp312
-    nox -s wheelhouse -- --lock containers/locks/vllm-0.26.0-cu130-cp312.lock.json --out DIR
+    nox -s installset -- --lock containers/locks/vllm-0.26.0-cu130-cp312.lock.json --out DIR
         (the CUDA image's lock: the same wheels, by sha256, as that image)
     """
     _repro(session, "build", install=("-e", ".[installset]"), module="repro.installset")
+
+
+@nox.session(default=False)
+def wheelhouse(session: nox.Session) -> None:
+    """The old name of `installset` (it builds an install set, not a wheelhouse)."""
+    session.log("the wheelhouse session is now called installset; running that")
+    installset(session)
 
 
 @nox.session(name="base-image", default=False)

@@ -41,10 +41,8 @@ __all__ = [
     "load_schema",
     "redact_env",
     "require_validation",
-    "scan_document",
     "schema_path",
     "schema_violations",
-    "secrets_scan",
     "validate_artifact",
     "write_artifact",
 ]
@@ -252,11 +250,6 @@ def _type_name(value: Any) -> str:
 
 # --- secrets -------------------------------------------------------------------------------
 
-# One scanner for the whole kit (repro.redaction); these names are kept for callers.
-secrets_scan = redaction.scan
-scan_document = redaction.scan_document
-
-
 # Engine-relevant environment variables that an artifact records.
 _ENV_PREFIXES = ("VLLM_", "REPRO_")
 _ENV_NAMES = frozenset(
@@ -305,7 +298,7 @@ def write_artifact(doc: Mapping[str, Any], path: str | os.PathLike[str]) -> None
     written and an existing file at ``path`` is left as it was.
     """
     validate_artifact(doc)
-    findings = scan_document(doc)
+    findings = redaction.scan_document(doc)
     if findings:
         raise ArtifactContainsSecrets(findings)
     write_json_atomic(path, doc)

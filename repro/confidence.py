@@ -25,12 +25,14 @@ from dataclasses import dataclass
 from math import comb
 from typing import Any
 
+from repro.vocabulary import Signal
+
 
 @dataclass(frozen=True)
 class Evidence:
     """One arm's flips, pooled over its graded waves (and repeats)."""
 
-    signal: str
+    signal: Signal
     forward: int = 0  # needle: control right, APC wrong; logprob: flagged cache hits
     reverse: int = 0  # needle: APC right, control wrong; logprob: flagged benign samples
     hits: int = 0  # logprob: graded requests that read the cache
@@ -78,7 +80,7 @@ def fisher_upper_tail(a: int, hits: int, c: int, cold: int) -> float:
 
 
 def from_waves(
-    signal: str, waves: Iterable[Mapping[str, Any]], threshold: float | None = None
+    signal: Signal, waves: Iterable[Mapping[str, Any]], threshold: float | None = None
 ) -> Evidence:
     """Evidence of an artifact's waves (`figures.waves`; `threshold`: the log-prob one)."""
     waves = list(waves)

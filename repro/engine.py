@@ -19,9 +19,7 @@ from typing import Any
 from repro import gpu_host, plugin_path, progress
 from repro.errors import EngineBootError, FiguresUnreadable, GeometryUnsupported
 from repro.stats_tap import SchedulerStatsTap
-
-# The positive control's switch (read by the plugin in every engine process).
-FAULT_ENV = "REPRO_INJECT_FAULT"
+from repro.vocabulary import FAULT_ENV
 
 COUNTER_NAMES = {
     "prefix_cache_queries": "vllm:prefix_cache_queries",
@@ -572,9 +570,3 @@ def _completion(
         restores=restores,
         connector=connector,
     )
-
-
-def vllm_version() -> str:
-    import vllm
-
-    return getattr(vllm, "__version__", "unknown")

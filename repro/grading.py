@@ -39,6 +39,8 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from repro.vocabulary import Gate, Signal, Status
+
 # Upstream's margin: benign flips up to this many past the other direction are tolerated.
 FLIP_MARGIN = 2
 # Cold-race wave 1 (needle): distinct outputs of 16 identical prompts may exceed the
@@ -84,9 +86,6 @@ MIN_NOISE_SAMPLES = 4
 CONTROL_SPREAD_GATE = True
 # The control's first token missing from the APC run's top-k counts as this divergence.
 DIVERGENCE_CAP = 10.0
-
-STATUSES = ("corrupted", "clean", "inconclusive", "error")
-GATES = ("geometry", "control_quality", "engagement", "liveness")
 
 
 @dataclass(frozen=True)
@@ -207,8 +206,8 @@ class WaveGrade:
 
 @dataclass(frozen=True)
 class Verdict:
-    status: str
-    gate: str | None
+    status: Status
+    gate: Gate | None
     reason: str
     threshold: Threshold | None = None
     waves: tuple[WaveGrade, ...] = field(default_factory=tuple)
@@ -319,7 +318,7 @@ def grade_wave(wave: Wave, signal: str, threshold: Threshold | None) -> WaveGrad
 
 def grade(
     *,
-    signal: str,
+    signal: Signal,
     waves: list[Wave],
     engagement: Engagement,
     liveness: Liveness | None,

@@ -25,6 +25,7 @@ from typing import Any
 
 from repro import weights
 from repro.arms.common import sampling_plan
+from repro.containers import labels as label_keys
 from repro.containers.cuda import DEFAULT_VARIANT, LOCK_PYTHON
 from repro.errors import HardwareUnavailable
 from repro.preflight import GIB, check_hardware
@@ -196,7 +197,7 @@ def _local_base_pin(client, base) -> str:
         image = client.images.get(tag)
     except docker.errors.ImageNotFound:
         return f"{tag}: not made here yet; the build makes it ({made_by}, ~3 min)"
-    if (image.labels or {}).get(base.RECIPE_LABEL) != recipe.digest():
+    if (image.labels or {}).get(label_keys.BASE_RECIPE) != recipe.digest():
         return f"{tag} = {image.id}, made by another recipe: the build makes it again"
     return f"{tag} = {image.id}, made here by {made_by}"
 

@@ -13,8 +13,7 @@ from typing import Any
 from repro.errors import ReproError
 from repro.gpu_host import CPU_HOST_ENV, GPU_HOST_ENV
 from repro.jsonread import JSONUnreadable, parse_json_text
-
-ARMS = ("cold-race", "multi-turn")
+from repro.vocabulary import ARMS, Arm, Device, Signal
 
 # Upstream constants (docs/fidelity.md lists each, with the kit's value per profile).
 NUM_SPECULATIVE_TOKENS = 2
@@ -36,11 +35,11 @@ ENGINE_ENV = {
 class Profile:
     name: str
     model: str  # repo id on the Hub, or a description for models the kit builds
-    device: str  # "cpu" or "cuda"
+    device: Device
     tensor_parallel_size: int
     min_gpu_memory_gib: int
-    signal: str  # "needle" (trained model: recall) or "logprob" (random weights)
-    arms: tuple[str, ...]
+    signal: Signal  # "needle" (trained model: recall) or "logprob" (random weights)
+    arms: tuple[Arm, ...]
     max_model_len: int
     # Cold-race token budget: absolute (upstream's 4096), or in Mamba blocks, which the kit
     # then sizes from the block size it measures on the booted engine.

@@ -19,8 +19,10 @@ from typing import Any
 from repro import envinfo, patching
 from repro.artifact import redact_env
 from repro.clock import utc_text
+from repro.containers import labels as label_keys
 from repro.errors import ReproError
 from repro.profiles import MODEL_PROFILE_NAME, Profile, for_model, get_profile
+from repro.vocabulary import Device
 
 # Set by the host for a run in one of the kit's images (repro/containers/run.py): the image's
 # id and labels as JSON. A process inside a container cannot see its own image.
@@ -87,7 +89,7 @@ class RunContext:
     command: list[str]
     kit: dict[str, Any]
     profile: str
-    device: str
+    device: Device
     # A model without a profile is rebuilt from these in the engine process.
     model: str
     tensor_parallel_size: int
@@ -184,9 +186,9 @@ def kit_facts() -> dict[str, Any]:
     image = image_from_env()
     if kit["git_commit"] is None and image is not None:
         labels = image["labels"]
-        commit = labels.get("org.opencontainers.image.revision", "")
+        commit = labels.get(label_keys.OCI_REVISION, "")
         if re.fullmatch(r"[0-9a-f]{40}", commit):
-            dirty = labels.get("io.repro-kit.dirty")
+            dirty = labels.get(label_keys.DIRTY)
             kit = {**kit, "git_commit": commit, "dirty": {"true": True, "false": False}.get(dirty)}
     return kit
 

@@ -43,8 +43,8 @@ from repro.errors import FiguresUnreadable, NotEvidence, ReproError, ValidationU
 from repro.gpu_host import CPU_HOST_ENV, GPU_HOST_ENV
 from repro.profiles import Profile
 from repro.runcontext import FACTS_FILE, Environment, RunContext
+from repro.vocabulary import FAULT_ENV
 
-FAULT_ENV = "REPRO_INJECT_FAULT"
 DEFAULT_FAULT_KIND = "restored-state-noise"
 DEFAULT_ARM_TIMEOUT_S = 30 * 60
 

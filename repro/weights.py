@@ -519,7 +519,7 @@ def verify(
 
 
 def _refuse_secrets(doc: Any, what: str) -> None:
-    from repro.artifact import scan_document
+    from repro.redaction import scan_document
 
     findings = scan_document(doc)
     text = json.dumps(doc)

@@ -381,12 +381,13 @@ def cpu_image(docker_client, base_image, wheelhouse, images_dir):
 
 @pytest.mark.docker
 def test_base_image_is_reused_with_its_recipe(docker_client, base_image):
-    from repro.containers.base import RECIPE_LABEL, BaseRecipe, ensure_base_image
+    from repro.containers import labels as label_keys
+    from repro.containers.base import BaseRecipe, ensure_base_image
 
     assert base_image.id.startswith("sha256:")
     again = ensure_base_image(docker_client, tag=BASE_TAG)
     assert again.reused and again.id == base_image.id
-    assert again.labels[RECIPE_LABEL] == BaseRecipe().digest()
+    assert again.labels[label_keys.BASE_RECIPE] == BaseRecipe().digest()
 
 
 @pytest.mark.docker
@@ -463,9 +464,9 @@ def _kit_containers(client, out: Path | None = None) -> list:
     Another run on the same host (a second checkout, a person's own run) must be neither
     read nor killed by a test: the output mount tells this test's container apart.
     """
-    from repro.containers.run import RUN_LABEL
+    from repro.containers import labels as label_keys
 
-    found = client.containers.list(all=True, filters={"label": RUN_LABEL})
+    found = client.containers.list(all=True, filters={"label": label_keys.RUN})
     if out is None:
         return found
     source = str(Path(out).resolve())
@@ -563,10 +564,10 @@ def test_container_is_isolated_as_the_issue_asks(clean_run, tiny_model):
 @pytest.mark.docker
 @pytest.mark.engine
 def test_one_run_id_labels_the_container_and_names_the_records(clean_run):
-    from repro.containers.run import RUN_LABEL
+    from repro.containers import labels as label_keys
 
     _, docs, settings, _ = clean_run
-    assert settings["Config"]["Labels"][RUN_LABEL] == CLEAN_RUN_ID
+    assert settings["Config"]["Labels"][label_keys.RUN] == CLEAN_RUN_ID
     assert {arm: doc["run"]["id"] for arm, doc in docs.items()} == {
         arm: f"{CLEAN_RUN_ID}-{arm}" for arm in ARMS
     }

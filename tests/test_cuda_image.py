@@ -27,6 +27,7 @@ from kept_images import remove_unless_kept
 
 from repro.atomicio import sha256_file
 from repro.containers import cuda
+from repro.containers import labels as label_keys
 from repro.containers.refs import InvalidRef
 from repro.errors import PatchError
 from repro.installset import InstallSetError
@@ -345,7 +346,7 @@ def test_gpu_containers_get_devices_shm_ulimits_and_ipc(docker_client, small_ima
     )
     assert dataclasses.asdict(launch)["gpus"] == 4
     run = container_run.ContainerRun.from_launch(
-        launch, client=docker_client, user=None, labels={container_run.RUN_LABEL: "test-gpu-args"}
+        launch, client=docker_client, user=None, labels={label_keys.RUN: "test-gpu-args"}
     )
     container = docker_client.containers.create(small_image.id, **run.create_kwargs())
     try:
@@ -367,7 +368,7 @@ def test_gpu_containers_get_devices_shm_ulimits_and_ipc(docker_client, small_ima
         with run:
             pass
     left = docker_client.containers.list(
-        all=True, filters={"label": f"{container_run.RUN_LABEL}=test-gpu-args"}
+        all=True, filters={"label": f"{label_keys.RUN}=test-gpu-args"}
     )
     assert left == []
 
@@ -432,11 +433,11 @@ def test_the_plan_resolves_the_pins_made_here(docker_client, monkeypatch):
 
     made = []
     try:
-        made.append(_one_file_image(docker_client, tag, {base.RECIPE_LABEL: "another"}))
+        made.append(_one_file_image(docker_client, tag, {label_keys.BASE_RECIPE: "another"}))
         pins = plan.image_pins("0.26.0", "cu130", client=docker_client)["pins"]
         assert pins["base (local)"].endswith("made by another recipe: the build makes it again")
         docker_client.images.remove(tag)
-        made.append(_one_file_image(docker_client, tag, {base.RECIPE_LABEL: recipe.digest()}))
+        made.append(_one_file_image(docker_client, tag, {label_keys.BASE_RECIPE: recipe.digest()}))
         labels = {
             "io.repro-kit.variant": "cuda",
             "io.repro-kit.vllm.ref": "0.26.0",

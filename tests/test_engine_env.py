@@ -100,6 +100,19 @@ def test_requirement_name_refuses_garbage():
         engine_env.requirement_name(">=1.0")
 
 
+@pytest.mark.parametrize("version", ["0.26.0", "0.32", "0.27.1rc1", "0.9.2.post1", "2.11.0.0"])
+def test_release_numbers_in_canonical_form_are_accepted(version):
+    assert engine_env.validate_version(version) == version
+
+
+def test_substitute_requirements_reads_extras_from_the_parsed_marker():
+    # packaging normalises the marker's spacing; the text as written is what is kept
+    kept = engine_env.substitute_requirements(
+        ['pandas; extra=="bench"', "six ; python_version>'3'"]
+    )
+    assert kept == ["six ; python_version>'3'"]
+
+
 def test_available_versions_reads_pip_index_output():
     seen = engine_env.available_versions(PIP_INDEX_OUTPUT)
     assert seen[:3] == ["2.15.0", "2.14.1", "2.13.0+cpu"]

@@ -13,6 +13,7 @@ from repro import gpu_host, runner
 from repro.artifact import redact_env
 from repro.gpu_host import GPU_HOST_ENV
 from repro.profiles import NEMOTRON, PROFILES, TINY, get_profile
+from repro.vocabulary import FAULT_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -58,11 +59,9 @@ def test_the_engine_process_gets_them_on_a_gpu_only():
     gpu = runner.engine_process_env(base, device="cuda", fault_kind="restored-state-noise")
     assert gpu["NCCL_NVLS_ENABLE"] == "0" and gpu["NVSHMEM_DISABLE_NVLS"] == "1"
     assert gpu["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "0"  # the user's
-    assert gpu[runner.FAULT_ENV] == "restored-state-noise"
-    cpu = runner.engine_process_env(
-        {**base, runner.FAULT_ENV: "stale"}, device="cpu", fault_kind=None
-    )
-    assert "NCCL_NVLS_ENABLE" not in cpu and runner.FAULT_ENV not in cpu
+    assert gpu[FAULT_ENV] == "restored-state-noise"
+    cpu = runner.engine_process_env({**base, FAULT_ENV: "stale"}, device="cpu", fault_kind=None)
+    assert "NCCL_NVLS_ENABLE" not in cpu and FAULT_ENV not in cpu
 
 
 def test_a_cpu_engine_waits_as_openmp_does_unless_the_user_says_passive():

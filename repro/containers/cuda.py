@@ -38,6 +38,7 @@ from typing import Any
 
 from repro.atomicio import sha256_file
 from repro.containers import build as build_mod
+from repro.containers import labels as label_keys
 from repro.containers import pins as pins_mod
 from repro.containers.refs import VllmRef, parse_vllm_ref
 from repro.errors import ReproError
@@ -388,21 +389,21 @@ def labels_for(
     labels = build_mod.oci_labels("cuda", source.ref.value, (base.name, base.id), torch, kit)
     labels.update(
         {
-            "io.repro-kit.vllm.source": source.ref.kind,
-            "io.repro-kit.vllm.version": vllm_version,
-            "io.repro-kit.python": lock["python"]["version"],
-            "io.repro-kit.cuda.variant": lock["cuda_variant"],
-            "io.repro-kit.cuda.libraries": base.cuda_source,
-            "io.repro-kit.base.kind": base.kind,
-            "io.repro-kit.lock.sha256": lock_sha,
-            "io.repro-kit.patches": ",".join(p["sha256"] for p in patches) or "none",
+            label_keys.VLLM_SOURCE: source.ref.kind,
+            label_keys.VLLM_VERSION: vllm_version,
+            label_keys.PYTHON: lock["python"]["version"],
+            label_keys.CUDA_VARIANT: lock["cuda_variant"],
+            label_keys.CUDA_LIBRARIES: base.cuda_source,
+            label_keys.BASE_KIND: base.kind,
+            label_keys.LOCK_SHA256: lock_sha,
+            label_keys.PATCHES: ",".join(p["sha256"] for p in patches) or "none",
         }
     )
     if base.digest:
-        labels["io.repro-kit.base.registry-digest"] = base.digest
+        labels[label_keys.BASE_REGISTRY_DIGEST] = base.digest
     torch_cuda = _torch_cuda(lock)
     if torch_cuda:
-        labels["io.repro-kit.torch.cuda"] = torch_cuda
+        labels[label_keys.TORCH_CUDA] = torch_cuda
     return labels
 
 

@@ -15,6 +15,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from repro.containers import labels as label_keys
 from repro.errors import ReproError
 
 
@@ -78,10 +79,10 @@ def compare_with_labels(facts: dict[str, Any], labels: dict[str, str]) -> list[s
     torch = facts.get("torch") or {}
     vllm = facts.get("vllm") or {}
     want = {
-        "io.repro-kit.torch": torch.get("version"),
-        "io.repro-kit.vllm.version": vllm.get("version"),
-        "io.repro-kit.python": ".".join(facts.get("python", "").split(".")[:2]),
-        "io.repro-kit.torch.cuda": torch.get("cuda"),
+        label_keys.TORCH: torch.get("version"),
+        label_keys.VLLM_VERSION: vllm.get("version"),
+        label_keys.PYTHON: ".".join(facts.get("python", "").split(".")[:2]),
+        label_keys.TORCH_CUDA: torch.get("cuda"),
     }
     for label, found in want.items():
         if label in labels and labels[label] != found:

@@ -15,12 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from repro.containers import build
+from repro.containers import labels as label_keys
 from repro.errors import ReproError
-
-VARIANT_LABEL = "io.repro-kit.variant"
-VLLM_LABEL = "io.repro-kit.vllm.ref"
-REVISION_LABEL = "org.opencontainers.image.revision"
-DIRTY_LABEL = "io.repro-kit.dirty"
 
 
 class ImageMissing(ReproError):
@@ -75,7 +71,9 @@ def get_image(client, reference: str) -> ImageFacts:
 
 def find_cpu_images(client, *, vllm_version: str, kit: dict[str, Any]) -> list[ImageFacts]:
     """CPU images for ``vllm_version`` holding this checkout's kit, newest first."""
-    return _kit_images(client, kit, [f"{VARIANT_LABEL}=cpu", f"{VLLM_LABEL}={vllm_version}"])
+    return _kit_images(
+        client, kit, [f"{label_keys.VARIANT}=cpu", f"{label_keys.VLLM_REF}={vllm_version}"]
+    )
 
 
 def _kit_images(client, kit: dict[str, Any], labels: list[str]) -> list[ImageFacts]:
@@ -83,7 +81,11 @@ def _kit_images(client, kit: dict[str, Any], labels: list[str]) -> list[ImageFac
     a checkout without a commit or with changes (no image can hold that kit)."""
     if not kit.get("git_commit") or kit.get("dirty") is not False:
         return []
-    labels = [*labels, f"{REVISION_LABEL}={kit['git_commit']}", f"{DIRTY_LABEL}=false"]
+    labels = [
+        *labels,
+        f"{label_keys.OCI_REVISION}={kit['git_commit']}",
+        f"{label_keys.DIRTY}=false",
+    ]
     images = client.images.list(filters={"label": labels})
     images.sort(key=lambda image: image.attrs.get("Created", ""), reverse=True)
     return [ImageFacts.of(image) for image in images]
@@ -107,7 +109,7 @@ def ensure_cpu_image(
     found = [
         image
         for image in find_cpu_images(client, vllm_version=vllm_version, kit=kit)
-        if base is None or image.labels.get("org.opencontainers.image.base.name") == base
+        if base is None or image.labels.get(label_keys.OCI_BASE_NAME) == base
     ]
     if found:
         log(f"[repro] using image {found[0].name} ({found[0].id})")
@@ -145,11 +147,11 @@ def find_cuda_images(
         client,
         kit,
         [
-            f"{VARIANT_LABEL}=cuda",
-            f"{VLLM_LABEL}={vllm_ref}",
-            f"io.repro-kit.cuda.variant={variant}",
-            f"io.repro-kit.lock.sha256={lock_sha256}",
-            "io.repro-kit.patches=none",
+            f"{label_keys.VARIANT}=cuda",
+            f"{label_keys.VLLM_REF}={vllm_ref}",
+            f"{label_keys.CUDA_VARIANT}={variant}",
+            f"{label_keys.LOCK_SHA256}={lock_sha256}",
+            f"{label_keys.PATCHES}=none",
         ],
     )
 

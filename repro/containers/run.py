@@ -28,6 +28,7 @@ from typing import Any, TextIO
 
 from repro import redaction, runner
 from repro.connectors import Connector
+from repro.containers import labels as label_keys
 from repro.containers.images import ImageFacts
 from repro.containers.launch import (
     CONTAINER_MODEL,
@@ -44,7 +45,6 @@ from repro.runcontext import FACTS_FILE, Environment, RunContext
 CONTAINER_CACHE = "/cache"
 # Every container the kit starts carries this label (value: the run id), so that one left by a
 # host process killed with SIGKILL (no `finally` runs then) is found and removed by the next run.
-RUN_LABEL = "io.repro-kit.run"
 
 
 CONTAINER_LOG = "logs/container.log"
@@ -258,7 +258,7 @@ def sweep_leftovers(client, log=print) -> int:
     """Remove stopped containers of earlier runs (their host process died without cleanup)."""
     removed = 0
     for container in client.containers.list(
-        all=True, filters={"label": RUN_LABEL, "status": "exited"}
+        all=True, filters={"label": label_keys.RUN, "status": "exited"}
     ):
         log(f"[repro] removing container {container.short_id} left by an earlier run")
         remove_container(container)
@@ -353,7 +353,7 @@ def run_profile_in_container(
         try:
             sweep_leftovers(client, log=lambda m: _emit(m + "\n", host_log, echo))
             with ContainerRun.from_launch(
-                launch, client=client, user=_user(), labels={RUN_LABEL: run_id}
+                launch, client=client, user=_user(), labels={label_keys.RUN: run_id}
             ) as ctr:
                 _emit(f"[repro] container {ctr.container.short_id} started\n", host_log, echo)
                 outcome = ctr.stream(host_log, echo, timeout_s)
@@ -433,14 +433,14 @@ def _container_environment(out_dir: Path, image: ImageFacts) -> Environment:
     from repro.artifact import redact_env
 
     labels = image.labels
-    vllm = labels.get("io.repro-kit.vllm.ref") or None
-    distribution = labels.get("io.repro-kit.vllm.distribution") or None
-    torch = labels.get("io.repro-kit.torch")
+    vllm = labels.get(label_keys.VLLM_REF) or None
+    distribution = labels.get(label_keys.VLLM_DISTRIBUTION) or None
+    torch = labels.get(label_keys.TORCH)
     return Environment(
         hardware=envinfo.collect_hardware(),
         # The image never reported its own environment: only what its labels pin is known.
         software={
-            "python": labels.get("io.repro-kit.python") or "not reported (container died first)",
+            "python": labels.get(label_keys.PYTHON) or "not reported (container died first)",
             "packages": {"vllm": vllm, "torch": torch if torch not in (None, "unpinned") else None},
             "distributions": {"vllm": distribution, "torch": "torch" if torch else None},
         },
@@ -520,7 +520,7 @@ def build_tiny_model_in_image(
         mounts=[Mount(cache_dir, CONTAINER_CACHE, read_only=False)],
         environment={"HOME": "/tmp", "PYTHONUNBUFFERED": "1"},
         user=_user(),
-        labels={RUN_LABEL: "tiny-model"},
+        labels={label_keys.RUN: "tiny-model"},
     ) as ctr:
         outcome = ctr.stream(_NullSink(), sys.stderr, STARTUP_GRACE_S)
     if outcome.exit_code != 0 or not (target / "config.json").is_file():

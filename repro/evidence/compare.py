@@ -18,6 +18,7 @@ from repro import witness
 from repro.evidence import report
 from repro.evidence.runs import EvidenceError, Run
 from repro.evidence.verify import load_runs
+from repro.vocabulary import ARMS
 
 # Environment entries that differ by construction (the run's own context, this checkout).
 _UNCOMPARED_ENV = frozenset({"REPRO_RUN_CONTEXT", "REPRO_KIT_CHECKOUT"})
@@ -173,7 +174,7 @@ def compare(a: Run, b: Run, *, names: tuple[str, str] = ("A", "B")) -> Compariso
     row("vLLM", report.vllm_text(fa), report.vllm_text(fb))
     row("Patches", report.patches_text(fa), report.patches_text(fb))
     row("Fault injection", report.fault_text(a), report.fault_text(b))
-    arms = [arm for arm in report.ARM_ORDER if arm in a.documents or arm in b.documents]
+    arms = [arm for arm in ARMS if arm in a.documents or arm in b.documents]
     arms += sorted((set(a.documents) | set(b.documents)) - set(arms))
     for key, title in (
         ("apc_run", "APC-run settings"),

@@ -17,7 +17,7 @@ from repro import __version__, redaction
 from repro.artifact import schema_violations
 from repro.evidence.bundle import MANIFEST_NAME, SUMMARY_NAME, log_excerpt
 from repro.evidence.report import render
-from repro.evidence.runs import SCHEMA_OF_KIND, runs_from_files
+from repro.evidence.runs import JSON_KINDS, runs_from_files
 from repro.evidence.verdicts import check_verdict
 from repro.jsonread import JSONUnreadable, parse_json_bytes
 
@@ -136,19 +136,18 @@ def check_json(
     documents: dict[str, dict[str, Any]] = {}
     for entry in manifest["files"]:
         kind, name = entry["kind"], entry["path"]
-        schema = SCHEMA_OF_KIND.get(kind)
-        if schema is None or name not in members:
+        if kind not in JSON_KINDS or name not in members:
             continue
         try:
             doc = parse_json_bytes(members[name], name)
         except JSONUnreadable as exc:
             result.fail(str(exc))
             continue
-        violations = schema_violations(doc, schema)
+        violations = schema_violations(doc, kind)
         for line in violations:
-            result.fail(f"{name}: does not match schemas/{schema}.v1.schema.json: {line}")
+            result.fail(f"{name}: does not match schemas/{kind}.v1.schema.json: {line}")
         if not violations:
-            result.ok_(f"{name}: valid against schemas/{schema}.v1.schema.json")
+            result.ok_(f"{name}: valid against schemas/{kind}.v1.schema.json")
             if kind == "run-artifact":
                 documents[name] = doc
     return documents

@@ -16,13 +16,21 @@ from __future__ import annotations
 from typing import Any
 
 from repro import __version__, confidence, ladder, witness
-from repro.evidence.runs import ARM_ORDER, Run
+from repro.evidence.runs import Run
+from repro.vocabulary import ARMS
 
 ARM_TITLES = {"cold-race": "Cold-race", "multi-turn": "Multi-turn"}
 MARK = {"corrupted": "🔴", "clean": "✅", "inconclusive": "⚠️", "error": "❌"}
 
 
 # --- figures -------------------------------------------------------------------------------
+
+
+# What the queries, hits and drafts of a run's table count (the report's and the CLI's).
+ENGAGEMENT_LEGEND = (
+    "Queries, hits and drafts: the APC run's own waves, not the liveness probe's; under "
+    "upstream's rules a verdict's reason counts the probe's drafts too."
+)
 
 
 def engagement(doc: dict[str, Any]) -> dict[str, int] | None:
@@ -297,7 +305,7 @@ def render_run(run: Run) -> list[str]:
     lines += _table(
         ["Arm", "Prefix-cache queries", "Hits", "Hit ratio", "Drafts", "Liveness probe"], rows
     )
-    lines.append("")
+    lines += ["", ENGAGEMENT_LEGEND, ""]
     run_ids = ", ".join(f"`{doc['run']['id']}`" for doc in run.documents.values())
     lines += [
         f"- Hardware: {hardware_text(first)}",
@@ -494,7 +502,7 @@ def render_matrix(runs: list[Run]) -> list[str]:
 def matrix_table(rows: dict[str, dict[str, list[dict[str, Any]]]]) -> list[str]:
     """The cross-verification table: one row per condition (its label -> arm -> artifacts),
     one column per arm, and the legend (`repro.fanout.matrix` renders MATRIX.md with it)."""
-    arms = [a for a in ARM_ORDER if any(a in r for r in rows.values())]
+    arms = [a for a in ARMS if any(a in r for r in rows.values())]
     arms += sorted({a for r in rows.values() for a in r} - set(arms))
     # "cured" only where the same arm corrupts under another condition without an injected
     # fault: a clean run beside a positive control is clean, not cured.

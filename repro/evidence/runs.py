@@ -21,18 +21,13 @@ from typing import Any
 from repro.artifact import schema_violations
 from repro.errors import ReproError
 from repro.jsonread import JSONUnreadable, parse_json_bytes, read_json, read_json_bytes
+from repro.vocabulary import ARMS
 
-ARM_ORDER = ("cold-race", "multi-turn")
 IMAGE_RECORD_NAME = "image-record.json"
 IMAGE_IMPORT_NAME = "image-import.json"
 WEIGHTS_MANIFEST_NAME = "repro-weights-manifest.json"  # as repro.weights.MANIFEST_NAME
-# The schema each kind of JSON file is checked against (file name in schemas/, version 1).
-SCHEMA_OF_KIND = {
-    "run-artifact": "run-artifact",
-    "image-record": "image-record",
-    "image-import": "image-import",
-    "weights-manifest": "weights-manifest",
-}
+# The kinds of JSON file a run holds; each is checked against the schema of its name.
+JSON_KINDS = frozenset({"run-artifact", "image-record", "image-import", "weights-manifest"})
 BUNDLE_SUFFIXES = (".tar.gz", ".tgz")
 
 
@@ -42,7 +37,8 @@ class EvidenceError(ReproError):
 
 @dataclass
 class Run:
-    """One run: its artifacts by arm (in ARM_ORDER) and the records that travel with it."""
+    """One run: its artifacts by arm (in `repro.vocabulary.ARMS` order) and the records that
+    travel with it."""
 
     label: str
     source: str  # what the user named (a directory, or BUNDLE#runs/LABEL), for messages
@@ -112,7 +108,7 @@ def runs_from_files(
         documents: dict[str, dict[str, Any]] = {}
         records: dict[str, dict[str, Any]] = {}
         for name, kind in kinds.items():
-            if not name.startswith(prefix) or kind not in SCHEMA_OF_KIND:
+            if not name.startswith(prefix) or kind not in JSON_KINDS:
                 continue
             doc = parse_json(contents[name], f"{source}#{name}", kind)  # verified: valid
             key = doc["arm"] if kind == "run-artifact" else kind
@@ -142,7 +138,7 @@ def order_arms(documents: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]
 
 
 def _arm_rank(arm: str) -> tuple[int, str]:
-    return (ARM_ORDER.index(arm) if arm in ARM_ORDER else len(ARM_ORDER), arm)
+    return (ARMS.index(arm) if arm in ARMS else len(ARMS), arm)
 
 
 def parse_json(data: bytes, where: str, kind: str) -> dict[str, Any]:
@@ -151,7 +147,7 @@ def parse_json(data: bytes, where: str, kind: str) -> dict[str, Any]:
         doc = parse_json_bytes(data, where)
     except JSONUnreadable as exc:
         raise EvidenceError(str(exc)) from None
-    _require_valid(doc, SCHEMA_OF_KIND[kind], where)
+    _require_valid(doc, kind, where)
     return doc
 
 
@@ -194,7 +190,6 @@ def _kind_of_name(name: str) -> str:
 
 
 __all__ = [
-    "ARM_ORDER",
     "EvidenceError",
     "Run",
     "load_run_dir",

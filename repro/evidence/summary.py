@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from repro import ladder, witness
+from repro.evidence.report import ENGAGEMENT_LEGEND, engagement
 
 
 def print_summary(documents: dict[str, dict[str, Any]], out_dir: Path) -> None:
@@ -14,7 +15,7 @@ def print_summary(documents: dict[str, dict[str, Any]], out_dir: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"repro results ({out_dir})")
+    table = Table(title=f"repro results ({out_dir})", caption=ENGAGEMENT_LEGEND)
     for column in ("arm", "verdict", "hits / queries", "drafts", "reason", "witness"):
         table.add_column(column, overflow="fold")
     findings = []
@@ -38,13 +39,8 @@ def _add_row(table, arm: str, doc: dict[str, Any]) -> None:
     seen = witness.from_document(doc)
     status = witness.headline(verdict["status"], seen)
     status += f" ({verdict['gate']})" if verdict["gate"] else ""
-    # The figures engagement is graded on (repro.arms.common.engagement_of): hits and
-    # queries of the arm's waves (the liveness probe and its baseline have their own gate),
-    # drafts of the whole APC run (cold-race reads them after the probe's long decode).
-    apc = (doc.get("counters") or {}).get("apc") or {}
-    waves = [c for name, c in apc.items() if not name.startswith("liveness")]
-    hits = sum(c["prefix_cache_hits"] for c in waves)
-    queries = sum(c["prefix_cache_queries"] for c in waves)
-    drafts = sum(c["spec_decode_num_drafts"] for c in apc.values())
+    # The report's figures, so that one run shows one drafts figure wherever it is read.
+    figures = engagement(doc) or {"hits": 0, "queries": 0, "drafts": 0}
+    hits_text = f"{figures['hits']} / {figures['queries']}"
     seen_text = witness.line(seen).removeprefix("witness: ") if seen else "–"
-    table.add_row(arm, status, f"{hits} / {queries}", str(drafts), verdict["reason"], seen_text)
+    table.add_row(arm, status, hits_text, str(figures["drafts"]), verdict["reason"], seen_text)

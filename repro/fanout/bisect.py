@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from repro import KIT_SOURCE
+from repro import KIT_SOURCE, engine_env
 from repro.artifact import schema_violations
 from repro.atomicio import write_json_atomic
 from repro.clock import utc_text
@@ -37,6 +37,7 @@ from repro.errors import ReproError
 from repro.fanout import cell
 from repro.fanout.conditions import Condition
 from repro.profiles import parse_overrides
+from repro.vocabulary import ARMS
 
 SKIPPED = ("inconclusive", "error")
 
@@ -222,8 +223,6 @@ def commit_env(commit: str, wheel_url: str, *, kit_source: Path, log=print) -> P
     """An engine environment holding one main commit's wheel (made once, then reused)."""
     import subprocess
 
-    from repro import engine_env
-
     path = (
         engine_env.cache_root()
         / "envs"
@@ -270,7 +269,7 @@ def cmd_bisect(args) -> int:
         ]
         refs = commit_refs(args.bad, args.good, commits)
     else:
-        refs = release_refs(args.bad, args.good, cell.index_releases())
+        refs = release_refs(args.bad, args.good, engine_env.index_releases())
     overrides = parse_overrides(args.override)
     log(f"[bisect] {len(refs)} refs from bad {refs[0]} to good {refs[-1]}: {' '.join(refs)}")
 
@@ -357,7 +356,7 @@ def add_parser(sub) -> None:
     from repro.profiles import PROFILES
 
     b = sub.add_parser("bisect", help="the first ref whose verdict differs from the bad end's")
-    b.add_argument("--arm", required=True, choices=["cold-race", "multi-turn"])
+    b.add_argument("--arm", required=True, choices=list(ARMS))
     b.add_argument("--bad", required=True, help="the ref with the verdict to search away from")
     b.add_argument("--good", required=True, help="the ref known to differ")
     b.add_argument("--out", type=Path, required=True)

@@ -42,12 +42,6 @@ class EnvironmentBusy(ReproError):
     """Another process is still making the engine environment a cell needs."""
 
 
-# Kept under these names for the matrix and bisect (the check lives with the environments).
-UnknownRelease = engine_env.UnknownRelease
-index_releases = engine_env.index_releases
-check_release = engine_env.check_release
-
-
 def _recently_changed(path: Path) -> bool:
     """Whether a half-made environment's files changed within ENV_BUSY_S (pip still at it)."""
     newest = max(
@@ -76,7 +70,7 @@ def wait_for_env(version: str, patches: list[Path], *, log=print, wait_s: float 
 
 def prepare_env(condition: Condition, *, kit_source: Path, log=print) -> tuple[Path, str]:
     """The condition's engine python, and whether its environment was 'made' or 'reused'."""
-    check_release(condition.vllm)
+    engine_env.check_release(condition.vllm)
     patches = list(condition.patches)
     wait_for_env(condition.vllm, patches, log=log)
     path = engine_env.env_dir(condition.vllm, patches)

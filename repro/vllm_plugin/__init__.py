@@ -26,43 +26,22 @@ silently as a clean run).
 from __future__ import annotations
 
 from . import fault_injection
-from .fault_injection import ACCEPTED_FAULTS, ENV_VAR, active_fault, logger
+from .fault_injection import ACCEPTED_FAULTS, active_fault, logger
 
 __all__ = [
     "ACCEPTED_FAULTS",
-    "ENV_VAR",
     "active_fault",
-    "installed_cpu_dispatch",
-    "installed_cpu_gdn",
     "installed_cpu_kernels",
-    "installed_fault",
     "register",
 ]
 
 _registered = False
 _cpu_kernels: list[str] = []
-_cpu_dispatch: list[str] = []
-_cpu_gdn: list[str] = []
 
 
 def installed_cpu_kernels() -> list[str]:
     """Names of the ``mamba_utils`` kernels replaced in this process."""
     return list(_cpu_kernels)
-
-
-def installed_cpu_dispatch() -> list[str]:
-    """Warmup dispatchers routed to vLLM's own CPU kernels in this process."""
-    return list(_cpu_dispatch)
-
-
-def installed_cpu_gdn() -> list[str]:
-    """CPU GDN ops wrapped to receive unit-stride state indices in this process."""
-    return list(_cpu_gdn)
-
-
-def installed_fault() -> str | None:
-    """The fault installed in this process (``None`` when none is)."""
-    return fault_injection.ACTIVE_FAULT_KIND
 
 
 def _on_cpu_without_triton() -> bool:
@@ -84,16 +63,17 @@ def _on_cpu_without_triton() -> bool:
     return True
 
 
-def _install(module, installed: list[str], *, failed: str, done: str | None = None) -> None:
-    """``module.install(logger)``, what it installed kept in ``installed``; a failure is a
-    warning, since a plugin must not take the engine down."""
+def _install(module, *, failed: str, done: str | None = None) -> list[str]:
+    """``module.install(logger)``: what it installed (logged under ``done``); a failure is a
+    warning and installs nothing, since a plugin must not take the engine down."""
     try:
-        installed[:] = module.install(logger)
+        installed = module.install(logger)
     except Exception as exc:  # noqa: BLE001
         logger.warning("repro plugin: %s failed: %r", failed, exc)
-    else:
-        if installed and done:
-            logger.info("repro plugin: %s %s", done, ", ".join(installed))
+        return []
+    if installed and done:
+        logger.info("repro plugin: %s %s", done, ", ".join(installed))
+    return installed
 
 
 def register() -> None:
@@ -109,19 +89,17 @@ def register() -> None:
     if _on_cpu_without_triton():
         from . import cpu_dispatch, cpu_gdn, cpu_kernels
 
-        _install(
+        _cpu_kernels[:] = _install(
             cpu_kernels,
-            _cpu_kernels,
             failed="installing CPU Mamba kernels",
             done="CPU implementations installed for",
         )
         _install(
             cpu_dispatch,
-            _cpu_dispatch,
             failed="routing dispatchers to CPU kernels",
             done="routed to vLLM's CPU kernels:",
         )
-        _install(cpu_gdn, _cpu_gdn, failed="wrapping the CPU GDN op")
+        _install(cpu_gdn, failed="wrapping the CPU GDN op")
 
     from . import worker_facts
 

@@ -30,9 +30,10 @@ import math
 import os
 from typing import Any
 
+from repro.vocabulary import FAULT_ENV
+
 from .mamba_batch import RunningColumns, mamba_layers, restoring_requests
 
-ENV_VAR = "REPRO_INJECT_FAULT"
 RESTORED_STATE_NOISE = "restored-state-noise"
 ACCEPTED_FAULTS: tuple[str, ...] = (RESTORED_STATE_NOISE,)
 
@@ -63,12 +64,12 @@ def active_fault() -> str | None:
 
     Raises ``ValueError`` for any other value, naming the accepted ones.
     """
-    value = os.environ.get(ENV_VAR, "").strip()
+    value = os.environ.get(FAULT_ENV, "").strip()
     if not value:
         return None
     if value not in ACCEPTED_FAULTS:
         raise ValueError(
-            f"{ENV_VAR}={value!r} is not a known fault; accepted values: "
+            f"{FAULT_ENV}={value!r} is not a known fault; accepted values: "
             f"{', '.join(ACCEPTED_FAULTS)} (or unset/empty for no fault)"
         )
     return value
