@@ -17,20 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from repro import gpu_host, plugin_path, progress
+from repro.counters import COUNTER_NAMES, Counters
 from repro.errors import EngineBootError, FiguresUnreadable, GeometryUnsupported
 from repro.stats_tap import SchedulerStatsTap
 from repro.vocabulary import FAULT_ENV
-
-COUNTER_NAMES = {
-    "prefix_cache_queries": "vllm:prefix_cache_queries",
-    "prefix_cache_hits": "vllm:prefix_cache_hits",
-    "spec_decode_num_drafts": "vllm:spec_decode_num_drafts",
-    "spec_decode_num_draft_tokens": "vllm:spec_decode_num_draft_tokens",
-    "spec_decode_num_accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
-    # What an attached KV connector was asked for and supplied (0 without one).
-    "external_prefix_cache_queries": "vllm:external_prefix_cache_queries",
-    "external_prefix_cache_hits": "vllm:external_prefix_cache_hits",
-}
 
 # With the engine core in another process its statistics arrive asynchronously and lag
 # generate(): read until this many consecutive snapshots agree.
@@ -46,36 +36,6 @@ _GEOMETRY_BOOT_ERRORS = (
     re.compile(r"block.?size.*must be\s*<=\s*max_num_batched_tokens", re.I),
     re.compile(r"max_num_batched_tokens.*smaller than.*block.?size", re.I),
 )
-
-
-@dataclass(frozen=True)
-class Counters:
-    prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
-    spec_decode_num_drafts: int = 0
-    spec_decode_num_draft_tokens: int = 0
-    spec_decode_num_accepted_tokens: int = 0
-    external_prefix_cache_queries: int = 0
-    external_prefix_cache_hits: int = 0
-
-    def __sub__(self, other: Counters) -> Counters:
-        return Counters(
-            **{
-                f.name: getattr(self, f.name) - getattr(other, f.name)
-                for f in dataclasses.fields(self)
-            }
-        )
-
-    def __add__(self, other: Counters) -> Counters:
-        return Counters(
-            **{
-                f.name: getattr(self, f.name) + getattr(other, f.name)
-                for f in dataclasses.fields(self)
-            }
-        )
-
-    def as_dict(self) -> dict[str, int]:
-        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -449,7 +409,7 @@ class Engine:
         metrics = Counters(**totals)
         if self._tap is None:
             return metrics
-        tapped = Counters(**dataclasses.asdict(self._tap.totals))
+        tapped = self._tap.totals  # immutable: the tap replaces it at each step
         self.counter_read["steps"] = self._tap.steps
         self.counter_read["missed_by_vllm_metrics"] = (tapped - metrics).as_dict()
         return tapped

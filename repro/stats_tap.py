@@ -18,28 +18,16 @@ behind: a fact about the engine's metrics, kept in the record.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
-
-@dataclasses.dataclass
-class Totals:
-    """The counters' fields (`repro.engine.Counters`), as the tap sums them."""
-
-    prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
-    spec_decode_num_drafts: int = 0
-    spec_decode_num_draft_tokens: int = 0
-    spec_decode_num_accepted_tokens: int = 0
-    external_prefix_cache_queries: int = 0
-    external_prefix_cache_hits: int = 0
+from repro.counters import Counters
 
 
 class SchedulerStatsTap:
     """Sums each `SchedulerStats` the engine's front-end receives."""
 
     def __init__(self) -> None:
-        self.totals = Totals()
+        self.totals = Counters()
         # Steps that carried statistics (recorded beside the totals).
         self.steps = 0
 
@@ -64,16 +52,15 @@ class SchedulerStatsTap:
         if stats is None:
             return
         self.steps += 1
-        totals = self.totals
         prefix = stats.prefix_cache_stats
-        totals.prefix_cache_queries += prefix.queries
-        totals.prefix_cache_hits += prefix.hits
+        step = {"prefix_cache_queries": prefix.queries, "prefix_cache_hits": prefix.hits}
         external = getattr(stats, "connector_prefix_cache_stats", None)
         if external is not None:
-            totals.external_prefix_cache_queries += external.queries
-            totals.external_prefix_cache_hits += external.hits
+            step["external_prefix_cache_queries"] = external.queries
+            step["external_prefix_cache_hits"] = external.hits
         spec = getattr(stats, "spec_decoding_stats", None)
         if spec is not None:
-            totals.spec_decode_num_drafts += spec.num_drafts
-            totals.spec_decode_num_draft_tokens += spec.num_draft_tokens
-            totals.spec_decode_num_accepted_tokens += spec.num_accepted_tokens
+            step["spec_decode_num_drafts"] = spec.num_drafts
+            step["spec_decode_num_draft_tokens"] = spec.num_draft_tokens
+            step["spec_decode_num_accepted_tokens"] = spec.num_accepted_tokens
+        self.totals = self.totals + Counters(**step)
