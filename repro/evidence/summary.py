@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from repro import ladder, witness
+from repro import answer_logprob, ladder, witness
+from repro.evidence.verdicts import answer_line
 
 
 def print_summary(documents: dict[str, dict[str, Any]], out_dir: Path) -> None:
@@ -15,7 +16,8 @@ def print_summary(documents: dict[str, dict[str, Any]], out_dir: Path) -> None:
     from rich.table import Table
 
     table = Table(title=f"repro results ({out_dir})")
-    for column in ("arm", "verdict", "hits / queries", "drafts", "reason", "witness"):
+    columns = ("arm", "verdict", "hits / queries", "drafts", "reason", "witness", "answer log-prob")
+    for column in columns:
         table.add_column(column, overflow="fold")
     findings = []
     for arm, doc in documents.items():
@@ -47,4 +49,11 @@ def _add_row(table, arm: str, doc: dict[str, Any]) -> None:
     queries = sum(c["prefix_cache_queries"] for c in waves)
     drafts = sum(c["spec_decode_num_drafts"] for c in apc.values())
     seen_text = witness.line(seen).removeprefix("witness: ") if seen else "–"
-    table.add_row(arm, status, f"{hits} / {queries}", str(drafts), verdict["reason"], seen_text)
+    # Needle profiles only: the second line beside recall (`repro.answer_logprob`).
+    answers = answer_line(doc)
+    answers_text = (
+        answer_logprob.note(answers).removeprefix("answer log-prob: ") if answers else "–"
+    )
+    table.add_row(
+        arm, status, f"{hits} / {queries}", str(drafts), verdict["reason"], seen_text, answers_text
+    )
