@@ -179,3 +179,25 @@ def test_the_log_prob_signal_and_older_records_get_no_line():
     for r in older["figures"]["waves"][0]["per_request"]:
         del r["answer_divergence"]
     assert verdicts.answer_line(older) is None
+
+
+def test_a_ladder_reference_rung_keeps_its_own_line():
+    from repro import ladder
+
+    doc, reference = needle_record(0.2), needle_record(0.001)
+    doc["ladder"] = {
+        "reference": {
+            "counters": reference["counters"]["apc"],
+            "signal": reference["signal"],
+            "figures": reference["figures"],
+            "verdict": reference["verdict"],
+            "answer_logprob": reference["answer_logprob"],
+        },
+        "finding": ladder.finding("clean", "clean"),
+        "external": ladder.external(doc["counters"]["apc"], ["wave1"]),
+    }
+    assert ladder.rung_document(doc)["answer_logprob"]["status"] == "clean"
+    assert verdicts.check_verdict(doc).problems == []
+    doc["ladder"]["reference"]["answer_logprob"] = doc["answer_logprob"]
+    problems = verdicts.check_verdict(doc).problems
+    assert any(p.startswith("ladder reference") and "answer_logprob" in p for p in problems)

@@ -194,6 +194,10 @@ def ladder_section(
             "figures": scratch["figures"],
             "witness": scratch["witness"],
             "verdict": scratch["verdict"],
+            # The rung's own answer log-prob line (needle profiles), never the run's.
+            **(
+                {"answer_logprob": scratch["answer_logprob"]} if "answer_logprob" in scratch else {}
+            ),
         },
         "finding": ladder.finding(verdict.status, doc["verdict"]["status"]),
         "external": ladder.external(doc["counters"]["apc"], waves),
