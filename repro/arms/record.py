@@ -10,10 +10,10 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING, Any
 
-from repro import confidence, grading, ladder, sensitivity, witness
+from repro import answer_logprob, confidence, grading, ladder, sensitivity, witness
 from repro.arms.common import ArmResult, RunRecord
 from repro.artifact import SCHEMA_VERSION
-from repro.evidence.verdicts import verdict_section
+from repro.evidence.verdicts import answer_line, verdict_section
 from repro.profiles import Profile
 
 if TYPE_CHECKING:
@@ -142,9 +142,10 @@ def fill_result(
         "rules": grading.RULES_UPSTREAM,
     }
     grades = {g.name: g for g in verdict.waves}
+    answers = answer_logprob.applies(doc["profile"]["signal"])
     doc["figures"] = {
         "waves": [
-            _wave_figures(wave, grades.get(wave.name), result, index)
+            _wave_figures(wave, grades.get(wave.name), result, index, answers=answers)
             for index, wave in enumerate(result.waves)
         ],
         "liveness": (
@@ -164,6 +165,10 @@ def fill_result(
     sure = confidence.of_document(doc)
     if sure is not None:
         doc["verdict"]["confidence"] = sure
+    # From the recorded figures, by the call `verify` re-derives it with.
+    line = answer_line(doc)
+    if line is not None:
+        doc["answer_logprob"] = line
 
 
 def ladder_section(
@@ -189,6 +194,10 @@ def ladder_section(
             "figures": scratch["figures"],
             "witness": scratch["witness"],
             "verdict": scratch["verdict"],
+            # The rung's own answer log-prob line (needle profiles), never the run's.
+            **(
+                {"answer_logprob": scratch["answer_logprob"]} if "answer_logprob" in scratch else {}
+            ),
         },
         "finding": ladder.finding(verdict.status, doc["verdict"]["status"]),
         "external": ladder.external(doc["counters"]["apc"], waves),
@@ -212,12 +221,19 @@ def witness_section(result: ArmResult, waves: list[dict[str, Any]]) -> dict[str,
 
 
 def _wave_figures(
-    wave: grading.Wave, grade: grading.WaveGrade | None, result: ArmResult, index: int
+    wave: grading.Wave,
+    grade: grading.WaveGrade | None,
+    result: ArmResult,
+    index: int,
+    *,
+    answers: bool,
 ) -> dict[str, Any]:
     flagged = grade.flagged if grade else (False,) * len(wave.requests)
     extra: dict[str, Any] = {"graded": wave.graded, "distinct_rule": wave.distinct_rule}
     if index == 0 and result.extra_noise:
         extra["benign_noise"] = list(result.extra_noise)
+    if index == 0 and answers and result.answer_noise:
+        extra[answer_logprob.NOISE_KEY] = list(result.answer_noise)
     hit = [r.divergence for r in wave.requests if r.read_cache and r.divergence is not None]
     cold = [r.divergence for r in wave.requests if not r.read_cache and r.divergence is not None]
     extra["median_divergence_cache_hit"] = grading.median(hit)
@@ -245,6 +261,7 @@ def _wave_figures(
                 "apc_miss": r.apc_miss,
                 "control_miss": r.control_miss,
                 "flagged": bool(f),
+                **({"answer_divergence": r.answer_divergence} if answers else {}),
                 **_answers(r),
                 **({"restores": [dict(x) for x in r.restores]} if r.restores else {}),
                 **({"connector": dict(r.connector)} if r.connector else {}),

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from repro import __version__, confidence, ladder, witness
+from repro import __version__, answer_logprob, confidence, ladder, witness
 from repro.evidence.runs import Run
+from repro.evidence.verdicts import answer_line
 from repro.vocabulary import ARMS
 
 ARM_TITLES = {"cold-race": "Cold-race", "multi-turn": "Multi-turn"}
@@ -127,6 +128,9 @@ def result_text(doc: dict[str, Any]) -> str:
         seen = witness.from_document(doc)
         if seen is not None:
             text += f" · {witness.line(seen)}"
+        answers = answer_line(doc)  # re-derived, as the verdict is
+        if answers is not None:
+            text += f" · {answer_logprob.note(answers)}"
         rungs = ladder.line(doc)
         if rungs is not None:
             text += f" · ladder: {rungs}"
@@ -434,17 +438,15 @@ def matrix_cell(doc: dict[str, Any], cured: bool) -> str:
     verdict = doc["verdict"]
     figures = engagement(doc)
     status, gate = verdict["status"], verdict["gate"]
+    notes = f"{_witness_note(doc)}{_answer_note(doc)}{_ladder_note(doc)}"
     if status == "corrupted":
         hits = f", {figures['hits']} hits" if figures else ""
-        return f"🔴 corrupts (cache engaged{hits}){_witness_note(doc)}{_ladder_note(doc)}"
+        return f"🔴 corrupts (cache engaged{hits}){notes}"
     if status == "clean":
         word = "cured" if cured else "clean"
         if verdict.get("outcome") == "clean-zero-trigger-hits":
-            return f"✅ {word}, {_zero_trigger_hits(doc)}{_witness_note(doc)}{_ladder_note(doc)}"
-        return (
-            f"✅ {word}, engaged (hit ratio {hit_ratio(figures)}){_witness_note(doc)}"
-            f"{_ladder_note(doc)}"
-        )
+            return f"✅ {word}, {_zero_trigger_hits(doc)}{notes}"
+        return f"✅ {word}, engaged (hit ratio {hit_ratio(figures)}){notes}"
     if status == "inconclusive":
         if gate == "engagement" and figures and figures["queries"] > 0 and figures["hits"] == 0:
             return f"⚠️ zero-hit: {figures['queries']} queries, 0 hits (engagement gate)"
@@ -470,6 +472,12 @@ def _ladder_note(doc: dict[str, Any]) -> str:
         f" · without the connector: {reference['verdict']['status']}"
         f" · connector supplied {supplied.get('hits', 0)} tokens"
     )
+
+
+def _answer_note(doc: dict[str, Any]) -> str:
+    """The needle profiles' answer log-prob line beside a matrix cell, re-derived."""
+    answers = answer_line(doc)
+    return "" if answers is None else f" · {answer_logprob.short(answers)}"
 
 
 def _witness_note(doc: dict[str, Any]) -> str:

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from repro import ladder, witness
+from repro import answer_logprob, ladder, witness
 from repro.evidence.report import ENGAGEMENT_LEGEND, engagement
+from repro.evidence.verdicts import answer_line
 
 
 def print_summary(documents: dict[str, dict[str, Any]], out_dir: Path) -> None:
@@ -16,7 +17,8 @@ def print_summary(documents: dict[str, dict[str, Any]], out_dir: Path) -> None:
     from rich.table import Table
 
     table = Table(title=f"repro results ({out_dir})", caption=ENGAGEMENT_LEGEND)
-    for column in ("arm", "verdict", "hits / queries", "drafts", "reason", "witness"):
+    columns = ("arm", "verdict", "hits / queries", "drafts", "reason", "witness", "answer log-prob")
+    for column in columns:
         table.add_column(column, overflow="fold")
     findings = []
     for arm, doc in documents.items():
@@ -43,4 +45,11 @@ def _add_row(table, arm: str, doc: dict[str, Any]) -> None:
     figures = engagement(doc) or {"hits": 0, "queries": 0, "drafts": 0}
     hits_text = f"{figures['hits']} / {figures['queries']}"
     seen_text = witness.line(seen).removeprefix("witness: ") if seen else "–"
-    table.add_row(arm, status, hits_text, str(figures["drafts"]), verdict["reason"], seen_text)
+    # Needle profiles only: the second line beside recall (`repro.answer_logprob`).
+    answers = answer_line(doc)
+    answers_text = (
+        answer_logprob.note(answers).removeprefix("answer log-prob: ") if answers else "–"
+    )
+    table.add_row(
+        arm, status, hits_text, str(figures["drafts"]), verdict["reason"], seen_text, answers_text
+    )

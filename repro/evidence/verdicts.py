@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from repro import grading, ladder, prompts
+from repro import answer_logprob, grading, ladder, prompts
 
 
 def verdict_section(verdict: grading.Verdict) -> dict[str, Any]:
@@ -99,6 +99,19 @@ def regrade(doc: dict[str, Any], *, as_recorded: bool = False) -> grading.Verdic
         rules=rules,
         require_hits=grading.requires_hits(doc["arm"], rules),
     )
+
+
+def answer_line(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """The needle profiles' answer log-prob line (`repro.answer_logprob`), derived from the
+    recorded figures by the re-grade itself: the runner records it with this call and
+    `check_verdict` re-derives it with it. None where the line does not apply."""
+    view = answer_logprob.logprob_view(doc)
+    if view is None:
+        return None
+    graded = [
+        w["name"] for w in doc["figures"]["waves"] if (w.get("extra") or {}).get("graded", True)
+    ]
+    return answer_logprob.section(regrade(view), doc["verdict"]["status"], graded)
 
 
 @dataclass
@@ -210,7 +223,31 @@ def _check_one(doc: dict[str, Any]) -> VerdictCheck:
             )
     for wave in doc["figures"]["waves"]:
         check.problems.extend(_misses_against_answers(wave))
+    check.problems.extend(_answer_line_problems(doc))
     return check
+
+
+def _answer_line_problems(doc: dict[str, Any]) -> list[str]:
+    """The recorded answer log-prob line must be what its per-request figures grade to
+    (its reason may be worded differently by another kit)."""
+    recorded = doc.get("answer_logprob")
+    try:
+        derived = answer_line(doc)
+    except (KeyError, TypeError, ValueError, AssertionError, AttributeError) as exc:
+        return [f"answer_logprob cannot be re-derived ({type(exc).__name__}: {exc})"]
+    if recorded is None and derived is None:
+        return []
+    if recorded is None:
+        return ["the figures carry answer divergences but the answer_logprob section is missing"]
+    if derived is None:
+        return ["answer_logprob is recorded, but no figures it could follow from"]
+    keys = (set(recorded) | set(derived)) - {"reason"}
+    differ = sorted(k for k in keys if recorded.get(k) != derived.get(k))
+    return [
+        f"answer_logprob.{key} recorded {recorded.get(key)!r}, re-derived {derived.get(key)!r} "
+        f"from the per-request answer divergences"
+        for key in differ
+    ]
 
 
 def _misses_against_answers(wave: dict[str, Any]) -> list[str]:
