@@ -27,6 +27,7 @@ from repro.arms.common import (
     derive_block_size,
     fixed_sampling,
     ladder_rungs,
+    prepare_once,
     record,
     run_wave,
     start_engine,
@@ -122,16 +123,7 @@ def _apc_run(profile, model_path, timer, block_size, prepared: dict, connector) 
         mamba_block_size=block_size,
         connector=connector,
     ) as engine:
-        timer.add("boot", engine.boot_seconds)
-        with timer.phase("prepare"):
-            geo = engine.geometry()
-            if not prepared:
-                prepared.update(_prepare(profile, engine, geo), geometry=geo)
-            elif geo != prepared["geometry"]:
-                raise RuntimeError(
-                    f"the APC run with the connector booted another geometry ({geo}) than "
-                    f"the one without it ({prepared['geometry']}); the rungs cannot be compared"
-                )
+        prepare_once(engine, timer, prepared, lambda geo: _prepare(profile, engine, geo))
         waves, sampling = prepared["waves"], prepared["sampling"]
         manual, probe = prepared["manual"], prepared["probe"]
         apc = record(engine)

@@ -93,6 +93,21 @@ class PhaseTimer:
         self.seconds[name] = self.seconds.get(name, 0.0) + (seconds or 0.0)
 
 
+def prepare_once(engine, timer, prepared: dict, prepare) -> None:
+    """The first APC run sizes the prompts (``prepare(geometry)`` into ``prepared``); a later
+    one (the connector rung) must boot the same geometry, or its figures cannot be compared."""
+    timer.add("boot", engine.boot_seconds)
+    with timer.phase("prepare"):
+        geo = engine.geometry()
+        if not prepared:
+            prepared.update(prepare(geo), geometry=geo)
+        elif geo != prepared["geometry"]:
+            raise RuntimeError(
+                f"the APC run with the connector booted another geometry ({geo}) than "
+                f"the one without it ({prepared['geometry']}); the rungs cannot be compared"
+            )
+
+
 def start_engine(
     profile: Profile,
     model_path: str,

@@ -24,6 +24,7 @@ from repro.arms.common import (
     answer_sampling,
     compare_wave,
     ladder_rungs,
+    prepare_once,
     record,
     run_wave,
     start_engine,
@@ -82,16 +83,7 @@ def _apc_run(profile: Profile, model_path: str, timer, prepared: dict, connector
     with start_engine(
         profile, model_path, arm=ARM, prefix_caching=True, connector=connector
     ) as engine:
-        timer.add("boot", engine.boot_seconds)
-        with timer.phase("prepare"):
-            geo = engine.geometry()
-            if not prepared:
-                prepared.update(_prepare(profile, engine, geo), geometry=geo)
-            elif geo != prepared["geometry"]:
-                raise RuntimeError(
-                    f"the APC run with the connector booted another geometry ({geo}) than "
-                    f"the one without it ({prepared['geometry']}); the rungs cannot be compared"
-                )
+        prepare_once(engine, timer, prepared, lambda geo: _prepare(profile, engine, geo))
         apc = record(engine)
         apc_w1, apc.counters["wave1"] = run_wave(
             engine, prepared["wave1"], prepared["turn_one"], timer

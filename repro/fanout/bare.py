@@ -122,14 +122,7 @@ def run_bare(p, *, options: BareOptions, kit_source: Path, arm_timeout_s, log=pr
             )
         except (ReproError, OSError) as exc:
             p.environments.append(_tree_record(item, None, f"{type(exc).__name__}: {exc}", started))
-            cell.write_condition(cell_dir, item)
-            cell.write_cell_errors(
-                item,
-                cell_dir,
-                f"no engine tree for {cell.describe_env(item)} on this host: {exc}",
-                error_type=type(exc).__name__,
-                phase="host-install",
-            )
+            cell.fail_without_engine(item, cell_dir, "tree on this host", exc, phase="host-install")
             log(f"[matrix] {item.name}: error (no tree: {exc})")
             continue
         first_tree = first_tree or tree

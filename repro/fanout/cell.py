@@ -165,6 +165,20 @@ def write_cell_errors(
     return docs
 
 
+def fail_without_engine(
+    condition: Condition, cell_dir: Path, where: str, exc: BaseException, *, phase: str
+) -> dict[str, dict[str, Any]]:
+    """`error` records for a cell whose engine could not be made (``where``: which one)."""
+    write_condition(cell_dir, condition)
+    return write_cell_errors(
+        condition,
+        cell_dir,
+        f"no engine {where} for {describe_env(condition)}: {exc}",
+        error_type=type(exc).__name__,
+        phase=phase,
+    )
+
+
 def weights_path(profile, *, in_image: bool) -> str:
     """A GPU profile's pinned snapshot: in the kit's image where the Slurm executor mounts it
     (repro.plan's weights mount), or in this host's weights cache."""

@@ -120,14 +120,8 @@ def prepare_environments(p: Plan, *, kit_source: Path, log=print) -> None:
         except Exception as exc:  # noqa: BLE001 - a failed environment fails its cells only
             record.update(state="error", error=f"{type(exc).__name__}: {exc}")
             for member in members:
-                cell_dir = p.out_dir / member.name
-                cell.write_condition(cell_dir, member)
-                cell.write_cell_errors(
-                    member,
-                    cell_dir,
-                    f"no engine environment for {cell.describe_env(member)}: {exc}",
-                    error_type=type(exc).__name__,
-                    phase="engine-env",
+                cell.fail_without_engine(
+                    member, p.out_dir / member.name, "environment", exc, phase="engine-env"
                 )
                 failed.add(member.name)
         record["seconds"] = round(time.monotonic() - started, 3)
