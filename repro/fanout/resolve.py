@@ -150,6 +150,8 @@ def cuda_images(items: list[Condition], *, client=None) -> dict[str, CudaImage]:
     from repro.containers import build
     from repro.containers.engine import DockerUnavailable, docker_client
 
+    if not items:
+        return {}  # a CPU-only matrix asks no Docker daemon
     why = ""
     if client is None:
         try:
