@@ -24,7 +24,8 @@ The ref kinds and what each is installed from are `repro.fanout.condition_refs`'
 Patch paths are relative to the conditions file. A condition's content hash covers what it
 runs (ref, base, device, the patches' bytes, overrides, profile, arms, fault, connector,
 repeats), not its name, its reference or its file position, so a finished cell is kept on a
-re-run only while it still means the same thing. A reference must name another condition of the same file.
+re-run only while it still means the same thing. A reference must name another condition of
+the same file.
 
 A table with a key that is not one of these (a typo) becomes a `BadCondition` naming the key
 and its line: its cells get `error` records and the other conditions still run. A file that is
