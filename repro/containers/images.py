@@ -139,21 +139,25 @@ def ensure_cpu_image(
 
 
 def find_cuda_images(
-    client, *, vllm_ref: str, variant: str, lock_sha256: str, kit: dict[str, Any]
+    client,
+    *,
+    vllm_ref: str,
+    variant: str,
+    lock_sha256: str | None,
+    kit: dict[str, Any],
+    patches_sha256: tuple[str, ...] = (),
 ) -> list[ImageFacts]:
-    """CUDA images of ``vllm_ref`` installed from the lock ``lock_sha256`` with this kit and no
-    patches, newest first."""
-    return _kit_images(
-        client,
-        kit,
-        [
-            f"{label_keys.VARIANT}=cuda",
-            f"{label_keys.VLLM_REF}={vllm_ref}",
-            f"{label_keys.CUDA_VARIANT}={variant}",
-            f"{label_keys.LOCK_SHA256}={lock_sha256}",
-            f"{label_keys.PATCHES}=none",
-        ],
-    )
+    """CUDA images of ``vllm_ref`` installed from the lock ``lock_sha256`` (None: any lock)
+    with this kit and exactly the patches ``patches_sha256`` (in order), newest first."""
+    labels = [
+        f"{label_keys.VARIANT}=cuda",
+        f"{label_keys.VLLM_REF}={vllm_ref}",
+        f"{label_keys.CUDA_VARIANT}={variant}",
+        f"{label_keys.PATCHES}={','.join(patches_sha256) or 'none'}",
+    ]
+    if lock_sha256 is not None:
+        labels.append(f"{label_keys.LOCK_SHA256}={lock_sha256}")
+    return _kit_images(client, kit, labels)
 
 
 def ensure_cuda_image(

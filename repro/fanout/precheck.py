@@ -6,13 +6,16 @@ run asks the same questions of every condition first, with the same functions: t
 itself (repro.fanout.conditions), the release against the package index (one
 `pip index versions` query), each patch's diff (repro.patching), and, where the unpatched
 engine environment already exists, whether each patch applies to it (`patch --dry-run`).
-No environment, run directory or job is made.
+A CUDA condition's ref is checked as its image build would check it (a main commit's wheel in
+upstream's per-commit index, where that index can be reached: `repro.fanout.resolve`).
+No environment, run directory, image or job is made.
 """
 
 from __future__ import annotations
 
 from repro import engine_env, patching
 from repro.errors import ReproError
+from repro.fanout import resolve
 from repro.fanout.conditions import BadCondition, Condition
 
 
@@ -25,12 +28,16 @@ def problems(item: Condition | BadCondition) -> list[str]:
     if isinstance(item, BadCondition):
         return [item.problem]
     found = []
-    try:
-        engine_env.check_release(item.vllm)
-    except ReproError as exc:
-        found.append(str(exc))
+    source = item.installed_from()
+    if item.run_device == "cuda":
+        found += resolve.cuda_ref_problems(source)
     else:
-        found += _unconfirmed_release(item.vllm)
+        try:
+            engine_env.check_release(source.ref.value)
+        except ReproError as exc:
+            found.append(str(exc))
+        else:
+            found += _unconfirmed_release(source.ref.value)
     patches_read = True
     for patch in item.patches:
         try:
@@ -38,7 +45,7 @@ def problems(item: Condition | BadCondition) -> list[str]:
         except ReproError as exc:
             found.append(str(exc))
             patches_read = False
-    if item.patches and patches_read and not found:
+    if item.patches and patches_read and not found and item.run_device == "cpu":
         found += _apply_problems(item)
     return found
 
@@ -62,7 +69,7 @@ def _unconfirmed_release(version: str) -> list[str]:
 def _apply_problems(item: Condition) -> list[str]:
     """Whether the patches apply, asked of the unpatched environment when it exists already
     (the real matrix makes it first; a dry run makes nothing)."""
-    base = engine_env.env_dir(item.vllm, [])
+    base = engine_env.env_dir(item.installed_from().ref.value, [])
     if not (base / engine_env.MARKER).is_file():
         return []
     site = engine_env._site_packages(base)

@@ -68,6 +68,10 @@ class Options:
     cpus_per_task: int | None
     container_image: str | None
     mounts: list[str] = field(default_factory=list)  # SRC:DST[:ro] for pyxis
+    # Without container_image: each CUDA condition's own image (condition name -> image), as
+    # `repro.fanout.resolve` found it or as its build will tag it (a dry run only).
+    images: dict[str, str] = field(default_factory=dict)
+    image_lines: dict[str, str] = field(default_factory=dict)  # what the dry run says of each
     max_parallel: int | None = None
     poll_s: float = 5.0
     # Tests only: a stand-in for the task's command (a sleep, an exit), for faults of Slurm
@@ -90,7 +94,8 @@ def add_options(parser) -> None:
     g.add_argument(
         "--container-image",
         default=None,
-        help="run each task in this image through pyxis (srun --container-image)",
+        help="run every task in this image through pyxis (srun --container-image); default: "
+        "each CUDA condition's own image",
     )
     g.add_argument(
         "--weights-cache",
@@ -109,23 +114,31 @@ def argparse_suppress():
     return argparse.SUPPRESS
 
 
-def options_from_args(args, items: list[Condition | BadCondition]) -> Options:
-    profiles = [get_profile(i.profile) for i in items if isinstance(i, Condition)] or [
-        get_profile("tiny")
-    ]
-    arms = max((len(i.arms) for i in items if isinstance(i, Condition)), default=2)
+def options_from_args(args, items: list[Condition | BadCondition], *, dry_run=False) -> Options:
+    runnable = [i for i in items if isinstance(i, Condition)]
+    profiles = [i.run_profile for i in runnable] or [get_profile("tiny")]
+    arms = max((len(i.arms) for i in runnable), default=2)
     arm_s = args.arm_timeout or runner.DEFAULT_ARM_TIMEOUT_S
     gpus = max(p.min_gpus for p in profiles)
-    if any(p.device == "cuda" for p in profiles) and not args.container_image:
-        raise SlurmError(
-            "GPU profiles run in the kit's CUDA image on a Slurm node: give --container-image "
-            "IMAGE (pyxis; a squashfs or a registry reference the site can pull)"
-        )
+    images, image_lines = {}, {}
+    on_gpu = [i for i in runnable if i.run_device == "cuda"]
+    if on_gpu and not args.container_image:
+        from repro.fanout import resolve
+
+        chosen = resolve.cuda_images(on_gpu)
+        missing = [f"{name}: {c.describe()}" for name, c in chosen.items() if c.found is None]
+        if missing and not dry_run:
+            raise SlurmError(
+                f"{len(missing)} CUDA condition(s) have no image here (nothing was submitted); "
+                f"build each as said, or give --container-image IMAGE for every cell:\n  "
+                + "\n  ".join(missing)
+            )
+        images = {name: c.reference for name, c in chosen.items()}
+        image_lines = {item.name: resolve.cuda_line(item, chosen[item.name]) for item in on_gpu}
     mounts = []
-    if any(p.device == "cuda" for p in profiles) and args.container_image:
-        mounts.append(
-            _weights_mount(next(p for p in profiles if p.device == "cuda"), args.weights_cache)
-        )
+    needs_weights = [p for p in profiles if p.device == "cuda" and p.tiny_model is None]
+    if needs_weights and (args.container_image or images):
+        mounts.append(_weights_mount(needs_weights[0], args.weights_cache))
     return Options(
         partition=args.partition or (GPU_PARTITION if gpus else None),
         time_limit_min=args.time_limit or int((arms * arm_s + GRACE_S) // 60) + 1,
@@ -133,6 +146,8 @@ def options_from_args(args, items: list[Condition | BadCondition]) -> Options:
         cpus_per_task=args.cpus_per_task,
         container_image=args.container_image,
         mounts=mounts,
+        images=images,
+        image_lines=image_lines,
         max_parallel=args.max_parallel,
         poll_s=args.poll,
         task_standin=args.slurm_task_standin,
@@ -164,7 +179,21 @@ def cell_spec(item, cell_dir: Path, *, kit_source: Path, arm_timeout_s, in_image
     }
 
 
-def script(work: Path, count: int, options: Options, *, kit_source: Path, python: str) -> str:
+def task_image(options: Options, item) -> str | None:
+    """The image an array task runs in: --container-image for all, else its condition's own
+    (None: bare on the node)."""
+    return options.container_image or options.images.get(item.name)
+
+
+def script(
+    work: Path,
+    count: int,
+    options: Options,
+    *,
+    kit_source: Path,
+    python: str,
+    task_images: list[str | None] | None = None,
+) -> str:
     array = f"0-{count - 1}" + (f"%{options.max_parallel}" if options.max_parallel else "")
     lines = [
         "#!/bin/bash",
@@ -184,6 +213,8 @@ def script(work: Path, count: int, options: Options, *, kit_source: Path, python
         lines.append(f"#SBATCH --cpus-per-task={options.cpus_per_task}")
     cell_file = f'{work}/cells/"$SLURM_ARRAY_TASK_ID".json'
     lines.append("set -eu")
+    if not options.container_image and any(task_images or []):
+        lines += _per_task_image_lines(work, options, task_images or [], cell_file)
     if not options.container_image:  # a bare node runs this checkout's kit (shared file system)
         lines += [
             f"cd {shlex.quote(str(kit_source))}",
@@ -207,6 +238,20 @@ def script(work: Path, count: int, options: Options, *, kit_source: Path, python
     return "\n".join(lines) + "\n"
 
 
+def _per_task_image_lines(work: Path, options: Options, images: list, cell_file: str) -> list:
+    """Each array task in its own condition's image (an empty entry: bare on the node)."""
+    mounts = ",".join([f"{work.parent}:{work.parent}", *options.mounts])
+    return [
+        "# Each task's own image, by array index ('': bare on the node).",
+        "IMAGES=(" + " ".join(shlex.quote(i or "") for i in images) + ")",
+        'IMAGE="${IMAGES[$SLURM_ARRAY_TASK_ID]}"',
+        'if [ -n "$IMAGE" ]; then',
+        f'    exec srun --container-image="$IMAGE" --container-mounts={shlex.quote(mounts)} '
+        f"--no-container-mount-home python -m repro matrix-cell --cell {cell_file}",
+        "fi",
+    ]
+
+
 def write_array(p, options: Options, *, kit_source: Path, arm_timeout_s) -> tuple[Path, list]:
     work = p.out_dir / WORK_DIR
     (work / "cells").mkdir(parents=True, exist_ok=True)
@@ -218,25 +263,47 @@ def write_array(p, options: Options, *, kit_source: Path, arm_timeout_s) -> tupl
             p.out_dir / item.name,
             kit_source=kit_source,
             arm_timeout_s=arm_timeout_s,
-            in_image=bool(options.container_image),
+            in_image=bool(task_image(options, item)),
         )
         write_json_atomic(work / "cells" / f"{index}.json", spec)
     path = work / "job.sh"
+    images = [task_image(options, item) for item in tasks]
     write_text_atomic(
-        path, script(work, len(tasks), options, kit_source=kit_source, python=sys.executable)
+        path,
+        script(
+            work,
+            len(tasks),
+            options,
+            kit_source=kit_source,
+            python=sys.executable,
+            task_images=images,
+        ),
     )
     return path, tasks
 
 
 def dry_run(items, out_dir: Path, *, options: Options, kit_source: Path) -> str:
     """The sbatch script and array the matrix would submit, and what each task runs."""
+    from repro.fanout import resolve
+
     work = out_dir / WORK_DIR
-    text = script(work, len(items), options, kit_source=kit_source, python=sys.executable)
+    images = [task_image(options, item) for item in items]
+    text = script(
+        work,
+        len(items),
+        options,
+        kit_source=kit_source,
+        python=sys.executable,
+        task_images=images,
+    )
+    image = options.container_image or (
+        "each CUDA condition's own (per task, below)" if options.images else None
+    )
     lines = [
         f"# sbatch {work}/job.sh  ({len(items)} array tasks; nothing submitted: --dry-run)",
         f"# nodes: 1 per task; GPUs per task: {options.gpus_per_task}; partition: "
         f"{options.partition or '(cluster default)'}; time limit: {options.time_limit_min} min",
-        f"# image: {options.container_image or 'none (bare run on the node)'}; weights mount: "
+        f"# image: {image or 'none (bare run on the node)'}; weights mount: "
         f"{', '.join(options.mounts) or 'none'}",
         text.rstrip("\n"),
         "# array tasks:",
@@ -245,12 +312,15 @@ def dry_run(items, out_dir: Path, *, options: Options, kit_source: Path) -> str:
         if isinstance(item, BadCondition):
             lines.append(f"#   {index}: {item.name}: not run ({item.problem})")
             continue
-        command = cell.run_args(
-            item, out_dir / item.name, None, in_image=bool(options.container_image)
-        )
+        image = task_image(options, item)
+        command = cell.run_args(item, out_dir / item.name, None, in_image=bool(image))
         lines.append(
             f"#   {index}: {item.name} (vllm {item.vllm}): python -m repro {shlex.join(command)}"
         )
+        if item.name in options.image_lines:
+            lines.append(f"#      image {image}: {options.image_lines[item.name]}")
+        elif image is None:
+            lines.append(f"#      bare on the node: {resolve.cpu_line(item)}")
 
     return "\n".join(lines) + "\n"
 
