@@ -26,14 +26,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from repro import redaction, runner
+from repro import envinfo, redaction, runner
+from repro.artifact import ArtifactInvalid, redact_env, validate_artifact
 from repro.connectors import Connector
 from repro.containers import labels as label_keys
 from repro.containers.images import ImageFacts
 from repro.errors import ReproError
 from repro.gpu_host import SHARED_CORES_ENV, gpu_host_env
-from repro.profiles import Profile
+from repro.models import tinymodel
+from repro.profiles import Profile, get_profile
 from repro.runcontext import FACTS_FILE, IMAGE_ENV, Environment, RunContext
+from repro.weights import PIN_ENV
 
 CONTAINER_MODEL = "/model"
 CONTAINER_OUT = "/out"
@@ -82,6 +85,7 @@ class Mount:
     read_only: bool
 
     def docker(self):
+        # lazy: docker-py, needed only where a Docker daemon is used
         import docker
 
         return docker.types.Mount(
@@ -146,6 +150,7 @@ class ContainerRun:
 
     def create_kwargs(self) -> dict[str, Any]:
         """docker-py's ``containers.create`` arguments for this run (all but the image)."""
+        # lazy: docker-py, needed only where a Docker daemon is used
         import docker
 
         device_requests = (
@@ -227,6 +232,7 @@ class ContainerRun:
         )
 
     def kill(self) -> None:
+        # lazy: docker-py, needed only where a Docker daemon is used
         import docker
 
         try:
@@ -262,6 +268,7 @@ def _emit(line: str, sink: TextIO, echo: TextIO | None) -> None:
 
 
 def remove_container(container) -> None:
+    # lazy: docker-py, needed only where a Docker daemon is used
     import docker
 
     try:
@@ -390,8 +397,6 @@ def run_profile_in_container(
     # A host whose engines share its cores (the test suite) waits passively in here too.
     environment.update({k: os.environ[k] for k in SHARED_CORES_ENV if k in os.environ})
     if weights_pin is not None:  # the host's check of the mounted weights
-        from repro.weights import PIN_ENV
-
         environment[PIN_ENV] = json.dumps(weights_pin, sort_keys=True)
     mounts = [
         Mount(Path(model_dir).resolve(), CONTAINER_MODEL, read_only=True),
@@ -459,8 +464,6 @@ def run_profile_in_container(
 
 
 def get_profile_device(profile: Profile) -> str:
-    from repro.profiles import get_profile
-
     return get_profile(profile.name).device
 
 
@@ -473,8 +476,6 @@ def open_run_log(out_dir: Path) -> TextIO:
 
 def _own_record(out_dir: Path, arm: str, image: ImageFacts) -> dict[str, Any] | None:
     """The record the container wrote for ``arm``, if it is there, valid and from ``image``."""
-    from repro.artifact import ArtifactInvalid, validate_artifact
-
     path = out_dir / f"{arm}.json"
     try:
         doc = json.loads(path.read_text())
@@ -495,8 +496,6 @@ def _container_environment(out_dir: Path, image: ImageFacts) -> Environment:
         return written.in_container(image.as_record())
     except (OSError, ValueError, ReproError):
         pass  # not written (or cut short): what the host knows, below
-    from repro import envinfo
-    from repro.artifact import redact_env
 
     labels = image.labels
     vllm = labels.get(label_keys.VLLM_REF) or None
@@ -573,8 +572,6 @@ def build_tiny_model_in_image(
 ) -> Path:
     """Build the tiny model with the image's torch and transformers into ``cache_dir`` (mounted
     read-write) when this host has no engine environment; return its folder on the host."""
-    from repro.models import tinymodel
-
     cache_dir = Path(cache_dir).resolve()
     cache_dir.mkdir(parents=True, exist_ok=True)
     target = tinymodel.tiny_model_dir(cache_dir, recipe=tinymodel.recipe_for(family))
