@@ -44,9 +44,11 @@ from repro.errors import FiguresUnreadable, NotEvidence, ReproError, ValidationU
 from repro.gpu_host import CPU_HOST_ENV, GPU_HOST_ENV
 from repro.profiles import Profile
 from repro.runcontext import FACTS_FILE, Environment, RunContext
+from repro.vllm_plugin.fault_injection import RESTORED_STATE_NOISE
 from repro.vocabulary import FAULT_ENV
 
-DEFAULT_FAULT_KIND = "restored-state-noise"
+# The fault --inject-fault installs (the plugin names the faults it knows).
+DEFAULT_FAULT_KIND = RESTORED_STATE_NOISE
 DEFAULT_ARM_TIMEOUT_S = 30 * 60
 
 
