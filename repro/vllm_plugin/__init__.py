@@ -25,9 +25,7 @@ silently as a clean run).
 
 from __future__ import annotations
 
-from repro.vllm_plugin import restore_witness, worker_facts
-
-from . import fault_injection
+from . import fault_injection, restore_witness, worker_facts
 from .fault_injection import ACCEPTED_FAULTS, active_fault, logger
 
 __all__ = [

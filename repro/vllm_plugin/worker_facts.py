@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from repro.vllm_plugin.fault_injection import applied_count, installed_kind
+from .fault_injection import applied_count, installed_kind
 
 METHOD = "repro_kit_facts"
 
