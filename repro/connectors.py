@@ -20,7 +20,11 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import importlib
+import importlib.metadata
+import inspect
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -202,6 +206,7 @@ def check_loadable(connector: Connector | None) -> None:
     if connector is None or connector.kind == OFFLOADING:
         return
     try:
+        # lazy: vllm, found only in an engine environment
         from vllm.distributed.kv_transfer.kv_connector.v1.base import (
             KVConnectorBase_V1,
             supports_hma,
@@ -226,9 +231,6 @@ def check_loadable(connector: Connector | None) -> None:
 
 
 def _load_class(connector: Connector) -> Any:
-    import importlib
-    import sys
-
     if connector.module is None:  # vLLM's registry: lmcache, nixl
         package = BUILT_IN[connector.kind][2]
         if package and importlib.util.find_spec(package) is None:
@@ -236,6 +238,7 @@ def _load_class(connector: Connector) -> Any:
                 f"--connector {connector.spec}: the {package} package is not installed in "
                 "this engine environment; install it there or pick another connector"
             )
+        # lazy: vllm, found only in an engine environment
         from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 
         try:
@@ -277,9 +280,6 @@ def identity(connector: Connector | None) -> dict[str, Any] | None:
 
 def _source(connector: Connector) -> tuple[str | None, dict[str, str] | None]:
     """The connector class's source file and the distribution that installed it."""
-    import inspect
-    import sys
-
     if connector.kind == OFFLOADING:
         return None, _distribution_of_module("vllm")
     module = sys.modules.get(connector.module or "")
@@ -293,8 +293,6 @@ def _source(connector: Connector) -> tuple[str | None, dict[str, str] | None]:
 
 def _distribution_of_module(module: str) -> dict[str, str] | None:
     """The installed distribution that provides ``module``'s top-level package."""
-    import importlib.metadata
-
     names = importlib.metadata.packages_distributions().get(module.split(".")[0]) or []
     if not names:
         return None

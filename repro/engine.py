@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import inspect
 import math
 import os
 import re
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from repro import gpu_host, plugin_path, progress
+from repro import gpu_host, plugin_path, progress, vllm_plugin
 from repro.counters import COUNTER_NAMES, Counters
 from repro.errors import EngineBootError, FiguresUnreadable, GeometryUnsupported
 from repro.stats_tap import SchedulerStatsTap
+from repro.vllm_plugin import restore_witness, worker_facts
 from repro.vocabulary import FAULT_ENV
 
 # With the engine core in another process its statistics arrive asynchronously and lag
@@ -134,6 +137,7 @@ class Engine:
         # Where the kit is not pip-installed, vLLM's engine-core and worker processes find
         # the plugin through an entry point the kit puts on their path (repro.plugin_path).
         plugin_path.expose_entry_point()
+        # lazy: vllm, found only in an engine environment
         from vllm import LLM
         from vllm.engine.arg_utils import EngineArgs
 
@@ -141,7 +145,6 @@ class Engine:
         # exists only where the kit is pip-installed. On a bare GPU host the kit runs from a
         # tree on PYTHONPATH: register it here too (idempotent), so --inject-fault works there
         # (the engine core runs in this process: VLLM_ENABLE_V1_MULTIPROCESSING=0).
-        from repro import vllm_plugin
 
         vllm_plugin.register()
 
@@ -196,6 +199,7 @@ class Engine:
         prompts in B and the cache hashes blocks of cache_config.block_size).
         """
         if self.in_process:
+            # lazy: vllm, found only in an engine environment
             from vllm.v1.kv_cache_interface import MambaSpec
 
             vllm_config = self.llm.llm_engine.vllm_config
@@ -241,10 +245,8 @@ class Engine:
         Raises FiguresUnreadable (gate geometry) where a worker cannot answer: the plugin
         did not load there (VLLM_PLUGINS leaving it out, say), or this vLLM has no such RPC.
         """
-        from repro.vllm_plugin.worker_facts import METHOD
-
         try:
-            facts = list(self.llm.collective_rpc(METHOD))
+            facts = list(self.llm.collective_rpc(worker_facts.METHOD))
         except Exception as exc:  # noqa: BLE001 - every failure is named below
             raise FiguresUnreadable(
                 "geometry",
@@ -305,6 +307,7 @@ class Engine:
     # -- work ------------------------------------------------------------------------------
     def generate(self, prompts: list[str | list[int]], sampling: Sampling) -> list[Completion]:
         """Greedy generation; a prompt is text or, to resend exact tokens, a list of ids."""
+        # lazy: vllm, found only in an engine environment
         from vllm import SamplingParams
 
         params = SamplingParams(
@@ -333,10 +336,8 @@ class Engine:
     def _restores(self) -> list[dict[str, Any]] | None:
         """The restores the witness judged since the last call (rank 0's: every rank
         restores the same blocks), or None where it cannot report."""
-        from repro.vllm_plugin.restore_witness import METHOD
-
         try:
-            reports = list(self.llm.collective_rpc(METHOD))
+            reports = list(self.llm.collective_rpc(restore_witness.METHOD))
         except Exception as exc:  # noqa: BLE001 - named in the record, never a zero
             self.witness_status = {"installed": [], "broken": [f"{type(exc).__name__}: {exc}"]}
             return None
@@ -457,11 +458,10 @@ def _progress_bar(llm) -> Any:
     vLLM takes a tqdm factory there in the releases whose signature says so; elsewhere the
     kit passes False (no bar in the log, and the display counts whole waves only).
     """
-    import inspect
-
     annotation = inspect.signature(type(llm).generate).parameters["use_tqdm"].annotation
     if "Callable" not in str(annotation) or not progress.enabled():
         return False
+    # lazy: tqdm comes with vLLM, in the engine environment only
     from tqdm import tqdm
 
     class _Reporting(tqdm):
@@ -506,8 +506,6 @@ def _own(restores: list[dict[str, Any]], request_id: str) -> tuple[dict[str, Any
 
 def _probe_records():
     """The probe connector's reader, where the probe is loaded in this process."""
-    import sys
-
     module = sys.modules.get("repro.vllm_plugin.probe_connector")
     return getattr(module, "take", None)
 

@@ -107,6 +107,7 @@ def check_overrides(overrides: dict[str, Any], *, flag: str = "--override") -> O
 def engine_arg_fields() -> tuple[dict[str, Any], str]:
     """Each `EngineArgs` field's annotation, resolved where it can be (else its text), and
     vLLM's version. Imports vLLM."""
+    # lazy: vllm, found only in an engine environment
     import vllm
     from vllm.engine.arg_utils import EngineArgs
 
@@ -122,6 +123,7 @@ def engine_arg_fields() -> tuple[dict[str, Any], str]:
 def _llm_parameter_types() -> dict[str, Any]:
     """`LLM.__init__`'s parameter types, where they resolve (the kit passes settings there)."""
     try:
+        # lazy: vllm, found only in an engine environment
         from vllm import LLM
 
         hints = typing.get_type_hints(LLM.__init__)

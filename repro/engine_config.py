@@ -19,7 +19,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from repro import gpu_host, progress
+from repro import gpu_host, progress, vllm_plugin
+from repro.engine import resolve_settings
 from repro.errors import GeometryUnsupported
 
 
@@ -39,10 +40,8 @@ def derived_mamba_block_size(
     progress.emit("phase", name="deriving the Mamba block size from vLLM's configuration")
     started = time.perf_counter()
     gpu_host.apply_defaults(env)
+    # lazy: vllm, found only in an engine environment
     from vllm.engine.arg_utils import EngineArgs
-
-    from repro import vllm_plugin
-    from repro.engine import resolve_settings
 
     vllm_plugin.register()
     applied, _dropped = resolve_settings(settings, optional_settings, EngineArgs)
@@ -68,6 +67,7 @@ def derived_mamba_block_size(
 
 def _settle_hybrid_block_size(config) -> None:
     """Run vLLM's block-size rule on `config`, with the backends the layers would pick."""
+    # lazy: vllm, found only in an engine environment
     from vllm.config import set_current_vllm_config
     from vllm.platforms import current_platform
 
@@ -99,7 +99,9 @@ def _settle_hybrid_block_size(config) -> None:
 
 def _attention_backend():
     try:
+        # lazy: vllm, found only in an engine environment
         from vllm.v1.attention.selector import get_attn_backend
     except ImportError:  # releases before the selector moved under v1
+        # lazy: vllm, found only in an engine environment
         from vllm.attention.selector import get_attn_backend
     return get_attn_backend

@@ -28,6 +28,7 @@ import functools
 import hashlib
 import json
 import os
+import pty
 import re
 import shutil
 import subprocess
@@ -508,7 +509,6 @@ def _pip_shown(path: Path, *args: str) -> subprocess.CompletedProcess:
             sys.stdout.flush()
             kept.append(line)
         return subprocess.CompletedProcess(cmd, proc.wait(), "".join(kept))
-    import pty
 
     controller, terminal = pty.openpty()
     proc = subprocess.Popen(cmd, stdout=terminal, stderr=terminal)

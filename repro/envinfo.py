@@ -31,6 +31,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from repro import __version__
 from repro.atomicio import sha256_file
 
 __all__ = [
@@ -349,8 +350,6 @@ def collect_kit(repo_dir: str | os.PathLike[str] | None = None) -> dict[str, Any
     means tracked files differ from the commit; untracked files do not count.
     ``source_sha256`` names the code that actually ran, git or not (see `kit_source_sha256`).
     """
-    from repro import __version__
-
     repo = Path(repo_dir) if repo_dir is not None else _PACKAGE_DIR.parent
     commit, dirty = _git_state(repo)
     return {

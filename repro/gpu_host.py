@@ -13,6 +13,7 @@ A value the user set for one of these wins: they are defaults, never overrides.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, MutableMapping
 
 GPU_HOST_ENV: dict[str, str] = {
@@ -49,8 +50,6 @@ def apply_defaults(
     """Set each of `env` in `target` (os.environ by default): a variable of `USER_MAY_SET`
     only where it is not set there already, every other one always; return what the
     variables now hold."""
-    import os
-
     target = os.environ if target is None else target
     for key, value in env.items():
         if key in USER_MAY_SET:

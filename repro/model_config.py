@@ -92,6 +92,7 @@ def config_path(model: str) -> Path:
             f"--model {model!r} is neither a model directory nor a Hub repo id (owner/name)"
         )
     try:
+        # lazy: huggingface_hub is slow to import; only the Hub's users need it
         from huggingface_hub import try_to_load_from_cache
     except ImportError:  # pragma: no cover - huggingface_hub is a dependency of the kit
         try_to_load_from_cache = None

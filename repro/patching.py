@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from repro import unified_diff
-from repro.atomicio import sha256_file
+from repro.atomicio import sha256_file, write_json_atomic
 from repro.errors import PatchError
 
 # Written beside the patched `vllm` package, so any run that imports it can record the
@@ -90,7 +90,6 @@ def apply_patch(patch: Path, site_packages: Path) -> dict[str, str]:
     applied = {"path": patch.name, "sha256": sha256_file(patch)}
     record = Path(site_packages) / RECORD_NAME
     previous = json.loads(record.read_text()) if record.is_file() else []
-    from repro.atomicio import write_json_atomic
 
     write_json_atomic(record, [*previous, applied])
     return applied

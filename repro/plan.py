@@ -23,11 +23,15 @@ import os
 from pathlib import Path
 from typing import Any
 
-from repro import weights
+from repro import envinfo, weights
 from repro.arms.common import sampling_plan
+from repro.atomicio import sha256_file
+from repro.containers import DockerUnavailable, base, cuda, docker_client, images, pins
 from repro.containers import labels as label_keys
 from repro.containers.cuda import DEFAULT_VARIANT, LOCK_PYTHON
+from repro.containers.refs import parse_vllm_ref
 from repro.errors import HardwareUnavailable
+from repro.installset import lock as lockmod
 from repro.preflight import GIB, check_hardware
 from repro.profiles import Profile
 
@@ -109,8 +113,6 @@ def _runs(profile: Profile) -> dict[str, dict[str, Any]]:
 
 def _local_client():
     """The daemon here, or None: the plan asks it only what is already built."""
-    from repro.containers import DockerUnavailable, docker_client
-
     try:
         return docker_client(timeout=10)
     except DockerUnavailable:
@@ -126,12 +128,6 @@ def image_pins(
     ``client``: a docker-py client, None for none, or "auto" (the local daemon if one answers).
     With one, the pins made on this machine (the local base's image id, the image already
     built from the lock and this kit) are resolved instead of described."""
-    from repro import envinfo
-    from repro.atomicio import sha256_file
-    from repro.containers import base, cuda, pins
-    from repro.containers.refs import parse_vllm_ref
-    from repro.installset import lock as lockmod
-
     ref = parse_vllm_ref(vllm_ref)
     if client == "auto":
         client = _local_client()
@@ -191,6 +187,7 @@ def _local_base_pin(client, base) -> str:
             f"{tag}: no Docker daemon answers here; made by {made_by}, pinned by its image id "
             f"at build"
         )
+    # lazy: docker-py, needed only where a Docker daemon is used
     import docker
 
     try:
@@ -203,9 +200,6 @@ def _local_base_pin(client, base) -> str:
 
 
 def _built_image_pin(client, ref: str, variant: str, lock_path: Path, kit) -> str:
-    from repro.atomicio import sha256_file
-    from repro.containers import images
-
     build = f"`nox -s build-image -- --variant cuda --vllm {ref}`"
     if client is None:
         return f"no Docker daemon answers here; a run builds it ({build})"
@@ -331,6 +325,7 @@ def build_plan(
 
 def print_plan(doc: dict[str, Any], *, with_json: bool = True) -> None:
     """The plan as tables (rich), then as JSON."""
+    # lazy: rich is slow to import; only output that draws needs it
     from rich.console import Console
     from rich.table import Table
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from importlib.metadata import entry_points
 from pathlib import Path
 
 from repro import KIT_SOURCE, __version__
@@ -33,8 +34,6 @@ _exposed: Path | None = None
 
 def kit_entry_point_visible() -> bool:
     """Whether ``importlib.metadata`` finds the kit's plugin entry point on ``sys.path``."""
-    from importlib.metadata import entry_points
-
     return any(ep.name == NAME and ep.value == VALUE for ep in entry_points(group=GROUP))
 
 

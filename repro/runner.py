@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from repro import connectors, engine_env, gpu_host, grading, progress, redaction
-from repro.arms import record
-from repro.arms.common import fault_counts
+from repro.arms import ARM_RUNNERS, record
+from repro.arms.common import PhaseTimer, fault_counts
 from repro.artifact import (
     ArtifactContainsSecrets,
     ArtifactInvalid,
@@ -39,13 +39,16 @@ from repro.artifact import (
 )
 from repro.atomicio import sha256_file, write_json_atomic, write_text_atomic
 from repro.clock import utc_compact, utc_text
+from repro.engine import freeze_long_lived_objects
 from repro.errors import FiguresUnreadable, NotEvidence, ReproError, ValidationUnavailable
 from repro.gpu_host import CPU_HOST_ENV, GPU_HOST_ENV
 from repro.profiles import Profile
 from repro.runcontext import FACTS_FILE, Environment, RunContext
+from repro.vllm_plugin.fault_injection import RESTORED_STATE_NOISE
 from repro.vocabulary import FAULT_ENV
 
-DEFAULT_FAULT_KIND = "restored-state-noise"
+# The fault --inject-fault installs (the plugin names the faults it knows).
+DEFAULT_FAULT_KIND = RESTORED_STATE_NOISE
 DEFAULT_ARM_TIMEOUT_S = 30 * 60
 
 
@@ -450,12 +453,12 @@ def _import_engine() -> float:
     progress.emit("phase", name="importing vLLM")
     engine_env.use_own_vllm_cache()
     started = time.perf_counter()
+    # lazy: vllm, found only in an engine environment; and this import is the one timed
     import vllm  # noqa: F401
     from vllm import LLM  # noqa: F401
     from vllm.engine.arg_utils import EngineArgs  # noqa: F401
 
     seconds = time.perf_counter() - started
-    from repro.engine import freeze_long_lived_objects
 
     freeze_long_lived_objects()  # the kit's cost, not vLLM's import: outside `seconds`
     return seconds
@@ -465,9 +468,6 @@ def _run_one_arm(arm: str, context: RunContext, out_dir: Path, phases: dict) -> 
     """Run one arm and write `.<arm>.partial.json` (without its `logs` section).
 
     `context` carries this environment's facts (`RunContext.with_environment`)."""
-    from repro.arms import ARM_RUNNERS
-    from repro.arms.common import PhaseTimer
-
     environment = context.environment or Environment.here()
     profile = context.resolve_profile().with_overrides(context.overrides)
     doc = record.base_document(arm=arm, context=context, environment=environment, profile=profile)

@@ -35,10 +35,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from repro.artifact import _describe, _validator, schema_path
 from repro.atomicio import sha256_file, write_json_atomic
 from repro.clock import utc_text
 from repro.errors import ReproError
 from repro.jsonread import JSONUnreadable, read_json
+from repro.redaction import scan_document
 
 __all__ = [
     "ALLOW_PATTERNS",
@@ -236,6 +238,7 @@ def model_pin(
 
 
 def _allowed(paths: list[str], patterns: tuple[str, ...]) -> list[str]:
+    # lazy: huggingface_hub is slow to import; only the Hub's users need it
     from huggingface_hub.utils import filter_repo_objects
 
     return sorted(filter_repo_objects(paths, allow_patterns=list(patterns)))
@@ -257,6 +260,7 @@ def _snapshot_files(snapshot: Path, patterns: tuple[str, ...]) -> list[str]:
 def _hash_progress(total: int, label: str) -> Iterator[Any]:
     """A rich progress bar on a terminal (``advance(n)``); a no-op elsewhere or without rich."""
     try:
+        # lazy: rich is slow to import; only output that draws needs it
         from rich.console import Console
         from rich.progress import (
             BarColumn,
@@ -315,8 +319,6 @@ def build_manifest(
 
 def validate_manifest(doc: Any) -> None:
     """Raise ``WeightsError`` listing every violation of the weights-manifest schema."""
-    from repro.artifact import _describe, _validator, schema_path
-
     errors = sorted(
         _validator("weights-manifest", 1).iter_errors(doc), key=lambda e: (e.json_path, e.message)
     )
@@ -412,6 +414,7 @@ def fetch(
             )
             return FetchResult(snapshot, pinned, source, False, manifest)
 
+    # lazy: huggingface_hub is slow to import; only the Hub's users need it
     from huggingface_hub import HfApi, snapshot_download
 
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}:
@@ -519,8 +522,6 @@ def verify(
 
 
 def _refuse_secrets(doc: Any, what: str) -> None:
-    from repro.redaction import scan_document
-
     findings = scan_document(doc)
     text = json.dumps(doc)
     token = os.environ.get("HF_TOKEN")

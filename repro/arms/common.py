@@ -11,6 +11,7 @@ from typing import Any
 from repro import answer_logprob, geometry, grading, prompts
 from repro.connectors import Connector
 from repro.engine import Completion, Counters, Engine, Geometry, Sampling
+from repro.engine_config import derived_mamba_block_size
 from repro.profiles import Profile
 
 
@@ -143,7 +144,6 @@ def derive_block_size(profile: Profile, model_path: str, timer: PhaseTimer) -> i
     """
     if profile.cold_race_budget_blocks is None:
         return None
-    from repro.engine_config import derived_mamba_block_size
 
     block_size, seconds = derived_mamba_block_size(
         model=model_path,

@@ -15,6 +15,7 @@ from repro.arms.common import ArmResult, RunRecord
 from repro.artifact import SCHEMA_VERSION
 from repro.evidence.verdicts import answer_line, verdict_section
 from repro.profiles import Profile
+from repro.vllm_plugin.fault_injection import fault_scale
 
 if TYPE_CHECKING:
     from repro.runcontext import Environment, RunContext
@@ -69,8 +70,6 @@ def base_document(
 def _fault_section(fault_kind: str | None) -> dict[str, Any]:
     section: dict[str, Any] = {"enabled": fault_kind is not None, "kind": fault_kind}
     if fault_kind is not None:
-        from repro.vllm_plugin.fault_injection import fault_scale
-
         section["scale"] = fault_scale()
     return section
 

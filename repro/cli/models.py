@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
+from repro import weights
 from repro.errors import ReproError
 from repro.models import tiny_needle, tinymodel
+from repro.profiles import get_profile
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -76,13 +79,9 @@ def cmd_train_tiny(args: argparse.Namespace) -> int:
 
 
 def _weights_target(args: argparse.Namespace) -> dict:
-    from repro import weights
-
     if args.repo:
         repo_id, profile_revision = args.repo, None
     else:
-        from repro.profiles import get_profile
-
         profile = get_profile(args.profile)
         if profile.tiny_model is not None:
             raise ReproError(f"profile {profile.name!r} builds its model; it has no weights")
@@ -97,8 +96,6 @@ def _weights_target(args: argparse.Namespace) -> dict:
 
 
 def cmd_fetch_weights(args: argparse.Namespace) -> int:
-    from repro import weights
-
     target = _weights_target(args)
     result = weights.fetch(target.pop("repo_id"), **target)
     print(result.snapshot)
@@ -106,8 +103,6 @@ def cmd_fetch_weights(args: argparse.Namespace) -> int:
 
 
 def cmd_verify_weights(args: argparse.Namespace) -> int:
-    from repro import weights
-
     target = _weights_target(args)
     repo_id = target.pop("repo_id")
     snapshot, problems = weights.verify(repo_id, **target)
@@ -124,10 +119,6 @@ def check_weights_pin(profile, model_path, *, allow_unpinned: bool) -> dict:
     """Refuse an unpinned model (unless --allow-unpinned); the answer goes into every arm's
     `RunContext`, so every artifact records it. Inside a container the host has checked what
     it mounted and passes its answer down (REPRO_WEIGHTS_PIN, the container's one channel)."""
-    import os
-
-    from repro import weights
-
     if os.environ.get("REPRO_IN_CONTAINER") == "1" and os.environ.get(weights.PIN_ENV):
         return json.loads(os.environ[weights.PIN_ENV])
     pin = weights.model_pin(
@@ -144,8 +135,6 @@ def check_weights_pin(profile, model_path, *, allow_unpinned: bool) -> dict:
 def pinned_snapshot(profile) -> tuple[Path, str]:
     """A GPU profile's weights at their pinned commit in the weights cache: the repo folder
     (mounted whole, since a snapshot's files link into its blobs/) and the snapshot in it."""
-    from repro import weights
-
     revision, _source = weights.pinned_revision(
         profile.model, profile_revision=profile.revision, lock_path=weights.DEFAULT_LOCK
     )

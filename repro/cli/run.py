@@ -11,23 +11,44 @@ plan   what a GPU profile's run would do, printed before it runs
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import math
 import re
+import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from repro import KIT_SOURCE
+from repro import (
+    KIT_SOURCE,
+    connectors,
+    engine_arg_types,
+    engine_env,
+    envinfo,
+    model_config,
+    plan,
+    preflight,
+    repeats,
+    runner,
+    sensitivity,
+)
+from repro.artifact import schema_violations
+from repro.atomicio import write_json_atomic
 from repro.cli.images import cuda_lock_path, vllm_ref
 from repro.cli.models import check_weights_pin, pinned_snapshot
+from repro.containers import cuda, docker_client, images
+from repro.containers import run as container_run
 from repro.containers.base import DEFAULT_TAG
 from repro.containers.cuda import DEFAULT_VARIANT
 from repro.engine_env import DEFAULT_VLLM_CPU
 from repro.errors import ReproError
+from repro.evidence import summary
 from repro.models import tinymodel
 from repro.plan import DEFAULT_GPU_VLLM
-from repro.profiles import PROFILES, parse_overrides
+from repro.profiles import PROFILES, for_model, get_profile, parse_overrides
+from repro.repeats import MAX_REPEATS
 from repro.run_settings import RunSettings
 from repro.vocabulary import ARMS
 
@@ -212,8 +233,6 @@ _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
 def _repeat_count(text: str) -> int:
-    from repro.repeats import MAX_REPEATS
-
     try:
         value = int(text)
     except ValueError:
@@ -249,8 +268,6 @@ def _step_count(text: str) -> int:
 
 
 def _positive_scale(text: str) -> float:
-    import math
-
     try:
         value = float(text)
     except ValueError:
@@ -269,10 +286,6 @@ def _out_dir(text: str) -> Path:
 
 
 def cmd_sensitivity(args: argparse.Namespace) -> int:
-    from repro import sensitivity
-    from repro.artifact import schema_violations
-    from repro.atomicio import write_json_atomic
-
     out = args.out
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ReproError(
@@ -310,10 +323,6 @@ def _run_id(text: str) -> str:
 
 
 def cmd_tiny(args: argparse.Namespace) -> int:
-    import subprocess
-
-    from repro import engine_env
-
     settings = RunSettings.from_args(args)
     if settings.container:
         if args.patch:
@@ -343,11 +352,6 @@ def cmd_tiny(args: argparse.Namespace) -> int:
 
 def _run_in_container(settings: RunSettings) -> int:
     """The host side of a container run: pick (or build) the image, find the model, run."""
-    from repro import engine_env, envinfo, plan, preflight
-    from repro.containers import docker_client, images
-    from repro.containers import run as container_run
-    from repro.profiles import get_profile
-
     if settings.repeat > 1:
         raise ReproError(
             f"--repeat {settings.repeat} runs the arms on this host; with --container it is not "
@@ -389,8 +393,6 @@ def _run_in_container(settings: RunSettings) -> int:
                 log=lambda m: print(m, file=sys.stderr),
             )
         else:
-            from repro.containers import cuda
-
             ref = settings.vllm or plan.DEFAULT_GPU_VLLM
             variant = settings.cuda or cuda.DEFAULT_VARIANT
             image = images.ensure_cuda_image(
@@ -425,8 +427,6 @@ def _check_overrides(settings: RunSettings, *, checked_in: str | None) -> None:
     before anything is made. `checked_in` names where that vLLM is when it is not this
     Python's (an engine environment, an image): the syntax is checked here, the rest there,
     and the user is told so."""
-    from repro import engine_arg_types
-
     overrides = parse_overrides(settings.override)
     if not overrides:
         return
@@ -444,16 +444,12 @@ def _check_overrides(settings: RunSettings, *, checked_in: str | None) -> None:
 
 def _summarised(documents: dict[str, dict], out_dir: Path) -> int:
     """Print a run's table; 1 when an arm's record is an error."""
-    from repro.evidence import summary
-
     summary.print_summary(documents, out_dir)
     return 1 if any(d["verdict"]["status"] == "error" for d in documents.values()) else 0
 
 
 def _container_model(settings: RunSettings, profile, client, image) -> tuple[Path, str | None]:
     """The host folder mounted at /model, and the model's path inside it (or None)."""
-    from repro.containers import run as container_run
-
     path = settings.model_path
     if path:
         path = Path(path).resolve()
@@ -469,7 +465,6 @@ def _container_model(settings: RunSettings, profile, client, image) -> tuple[Pat
     target = tinymodel.tiny_model_dir(recipe=recipe)
     if tinymodel.is_built(target):
         return target, None
-    import importlib.util
 
     if all(importlib.util.find_spec(m) for m in ("torch", "transformers", "tokenizers")):
         return tinymodel.ensure_tiny_model(recipe=recipe), None
@@ -484,9 +479,6 @@ def _container_model(settings: RunSettings, profile, client, image) -> tuple[Pat
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from repro import envinfo, preflight
-    from repro.profiles import get_profile
-
     settings = RunSettings.from_args(args)
     if not settings.container:  # a container's run checks them against the image's vLLM
         _check_overrides(settings, checked_in=None)
@@ -512,9 +504,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run_model(args: argparse.Namespace, settings: RunSettings) -> int:
     """`run --model`: the model's config first, then the GPUs, then the arms."""
-    from repro import envinfo, model_config, preflight
-    from repro.profiles import for_model
-
     for flag, given in (("--container", settings.container), ("--model-path", settings.model_path)):
         if given:
             raise ReproError(f"{flag} does not go with --model (the model is run where it is)")
@@ -539,12 +528,8 @@ def _run_profile(
     model_path: str | None,
     weights_pin: dict[str, Any] | None = None,
 ) -> int:
-    from repro import runner
-
     connector = settings.parsed_connector(profile.device)
     if connector is not None:
-        from repro import connectors
-
         connectors.check_loadable(connector)  # vLLM's refusals, before any engine boots
 
     if model_path is None and settings.model_path:
@@ -587,10 +572,6 @@ def _run_profile(
 
 def _repeated(settings: RunSettings, out_dir: Path, run_once) -> int:
     """The arms `settings.repeat` times, each into its own directory, then repeats.json."""
-    from repro import repeats
-    from repro.artifact import schema_violations
-    from repro.atomicio import write_json_atomic
-
     runs = []
     status = 0
     for index in range(1, settings.repeat + 1):
@@ -610,15 +591,10 @@ def _repeated(settings: RunSettings, out_dir: Path, run_once) -> int:
 
 
 def cmd_arms(args: argparse.Namespace) -> int:
-    from repro import runner
-
     return runner.run_arms_in_this_process(args.arms, args.out)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from repro import envinfo, plan, preflight
-    from repro.profiles import get_profile
-
     profile = get_profile(args.profile)
     hardware = envinfo.collect_hardware()
     doc = plan.build_plan(

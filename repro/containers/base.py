@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -139,6 +140,7 @@ def ensure_base_image(
     client, *, tag: str = DEFAULT_TAG, recipe: BaseRecipe | None = None, log=print
 ) -> BaseImage:
     """Return the base image under ``tag``, making it when missing or made by another recipe."""
+    # lazy: docker-py, needed only where a Docker daemon is used
     import docker
 
     recipe = recipe or BaseRecipe()
@@ -166,9 +168,6 @@ def ensure_base_image(
 
 def _fetch_keyring(recipe: BaseRecipe, work: Path, log) -> Path:
     """The archive keyring from its package in the mirror, checked against the pinned sha256."""
-    import hashlib
-    import urllib.request
-
     path, sha256 = recipe.keyring_deb
     url = f"{recipe.mirror.rstrip('/')}/{path}"
     log(f"[repro] fetching {url}")

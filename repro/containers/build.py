@@ -21,12 +21,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse, urlsplit, urlunsplit
 
-from repro import __version__, redaction
+from repro import __version__, envinfo, redaction
+from repro.artifact import _describe, _validator
 from repro.atomicio import sha256_file, write_json_atomic
 from repro.clock import utc_text
 from repro.containers import labels as label_keys
@@ -306,8 +308,6 @@ def make_cpu_wheelhouse(
 
 
 def _pyproject() -> dict[str, Any]:
-    import tomllib
-
     return tomllib.loads((REPO / "pyproject.toml").read_text())
 
 
@@ -413,8 +413,6 @@ def build_cpu_image(
     installs from that folder only (``no-index``) and the build has no network at all; without
     it pip uses what the host's pip uses (`host_pip_settings`), over the host's network.
     """
-    from repro import envinfo
-
     tag = validate_tag(tag or default_cpu_tag(vllm_version))
     out_dir = Path(out_dir or IMAGES_DIR)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -461,6 +459,7 @@ def build_cpu_image(
 def local_base(client, name: str, *, next_step: str, error: type[ReproError] = BuildError):
     """The image ``name`` that a build starts from, which must be here already (no registry
     is reached); ``error`` with ``next_step`` where it is not."""
+    # lazy: docker-py, needed only where a Docker daemon is used
     import docker
 
     try:
@@ -633,8 +632,6 @@ def commit_epoch(commit: str | None) -> int | None:
 
 
 def validate_image_record(record: dict[str, Any]) -> None:
-    from repro.artifact import _describe, _validator
-
     errors = sorted(_validator("image-record", 1).iter_errors(record), key=lambda e: e.json_path)
     if errors:
         raise BuildError(

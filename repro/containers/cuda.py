@@ -21,7 +21,9 @@ fails the in-image check afterwards is untagged again before the error is raised
 from __future__ import annotations
 
 import functools
+import hashlib
 import http.server
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -31,18 +33,23 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import zipfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from repro import envinfo, patching
 from repro.atomicio import sha256_file
+from repro.containers import base as base_mod
 from repro.containers import build as build_mod
 from repro.containers import labels as label_keys
 from repro.containers import pins as pins_mod
+from repro.containers.imagecheck import ImageCheckFailed, check_image
 from repro.containers.refs import VllmRef, parse_vllm_ref
 from repro.errors import ReproError
-from repro.installset.host import python_tag
+from repro.installset.host import Target, python_tag
+from repro.installset.lock import FORMAT, ORIGINS, locked_packages, read_lock
 
 DOCKERFILE = build_mod.REPO / "containers" / "cuda.Dockerfile"
 DEFAULT_VARIANT = "cu130"
@@ -164,8 +171,6 @@ class CudaBase:
 
 def choose_base(client, *, variant: str, base: str, pins: dict[str, Any], log=print) -> CudaBase:
     """``base``: "auto", "registry", "local", or an image tag/id used as given (local kind)."""
-    from repro.containers import base as base_mod
-
     if base in ("auto", "registry"):
         try:
             pin = pins_mod.cuda_base(pins, variant)
@@ -199,6 +204,7 @@ def choose_base(client, *, variant: str, base: str, pins: dict[str, Any], log=pr
 
 
 def _registry_image(client, pin: dict[str, str], log):
+    # lazy: docker-py, needed only where a Docker daemon is used
     import docker
 
     reference = f"{pin['image']}@{pin['digest']}"
@@ -294,8 +300,6 @@ def check_wheelhouse(lock: dict[str, Any], wheelhouse: Path) -> list[dict[str, s
 def build_kit_wheel(dest: Path, *, source_date_epoch: int | None) -> Path:
     """The kit's wheel from the checkout; SOURCE_DATE_EPOCH makes its bytes (and so the
     context and the layer cache) the same for the same commit."""
-    import importlib.util
-
     dest.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(dest)]
     # Without build isolation where this Python can build a wheel itself (no index needed).
@@ -320,10 +324,6 @@ def build_kit_wheel(dest: Path, *, source_date_epoch: int | None) -> Path:
 def precheck_patches(lock: dict[str, Any], patches: list[Path], wheelhouse: Path | None) -> None:
     """Apply ``patches`` to the files of the lock's vLLM wheel here, before any build step: a
     diff that does not apply (a PR against another tree) fails now, naming its hunks."""
-    import zipfile
-
-    from repro import patching
-
     if not patches:
         return
     vllm = next((p for p in lock["packages"] if p["name"].lower() == "vllm"), None)
@@ -376,8 +376,6 @@ def default_tag(vllm_ref: str, variant: str, patches: list[Path]) -> str:
     short = vllm_ref if len(vllm_ref) < 40 else vllm_ref[:12]
     tag = f"repro-kit/cuda:vllm-{short}-{variant}"
     if patches:
-        import hashlib
-
         joined = "".join(sha256_file(p) for p in patches)
         tag += "-p" + hashlib.sha256(joined.encode()).hexdigest()[:8]
     return tag
@@ -436,10 +434,6 @@ def build_cuda_image(
     log=print,
 ) -> build_mod.BuiltImage:
     """Build containers/cuda.Dockerfile for ``vllm_ref`` from the lock and write its record."""
-    from repro import envinfo, patching
-    from repro.containers.imagecheck import ImageCheckFailed, check_image
-    from repro.installset.lock import read_lock
-
     patches = [Path(p).resolve() for p in patches or []]
     for patch in patches:
         patching.check_python_only(patch)
@@ -588,6 +582,7 @@ def _classify(exc: build_mod.BuildError, log_path: Path, client) -> ReproError:
 
 
 def _untag(client, tag: str, log) -> None:
+    # lazy: docker-py, needed only where a Docker daemon is used
     import docker
 
     try:
@@ -615,8 +610,6 @@ def default_lock_path(vllm_ref: str, cuda_variant: str, python: str) -> Path:
 
 def requirements_text(lock: dict[str, Any]) -> str:
     """The lock as a pip requirements file in hash-checking mode: exactly these files."""
-    from repro.installset.lock import FORMAT
-
     lines = [f"# from {FORMAT} (vllm {lock['vllm'].get('ref')}); pip install --require-hashes"]
     for p in lock["packages"]:
         lines.append(f"{p['name']}=={p['version']} --hash=sha256:{p['sha256']}")
@@ -628,9 +621,8 @@ def requirements_text(lock: dict[str, Any]) -> str:
 
 def make_cuda_wheelhouse(lock_path: Path, dest: Path, *, log=print) -> list:
     """Download every wheel of the lock into ``dest`` (checked by sha256; reused when there)."""
+    # lazy: the install-set builder imports rich; only this command downloads
     from repro.installset.build import download
-    from repro.installset.host import Target
-    from repro.installset.lock import locked_packages, read_lock
 
     lock = read_lock(lock_path)
     target = Target(lock["python"]["version"], tuple(lock["platforms"]))
@@ -644,8 +636,6 @@ def compare_records(image_record: dict[str, Any], manifest: dict[str, Any]) -> d
     """How an image record's wheels and an install set manifest's wheels relate. Equal: the
     same lock (by sha256), every set wheel in the image with the same sha256, and the image's
     other wheels the lock's ``host`` and ``image-only`` ones."""
-    from repro.installset.lock import ORIGINS
-
     image_lock = (image_record.get("lock") or {}).get("sha256")
     set_lock = (manifest.get("lock") or {}).get("sha256")
     image_wheels = {w["filename"]: w for w in (image_record.get("lock") or {}).get("wheels", [])}

@@ -29,6 +29,7 @@ class DockerUnavailable(ReproError):
 def docker_client(*, timeout: int = 600) -> docker.DockerClient:
     """Return a client connected to the daemon named by DOCKER_HOST (default: the local socket)."""
     try:
+        # lazy: docker-py, needed only where a Docker daemon is used
         import docker
     except ImportError as exc:
         raise DockerUnavailable(

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from repro import KIT_SOURCE, __version__
+from repro.artifact import schema_violations
 from repro.atomicio import open_atomic, sha256_stream, write_json_atomic, write_text_atomic
 from repro.clock import utc_text
 from repro.errors import ReproError
@@ -85,8 +86,6 @@ def sha256_path_for(archive: Path) -> Path:
 
 
 def _validate(doc: Any, schema: str, where: str) -> None:
-    from repro.artifact import schema_violations
-
     violations = schema_violations(doc, schema)
     if violations:
         lines = "\n".join(f"  - {v}" for v in violations)
@@ -94,8 +93,6 @@ def _validate(doc: Any, schema: str, where: str) -> None:
 
 
 def _validity(doc: Any, schema: str) -> bool:
-    from repro.artifact import schema_violations
-
     return not schema_violations(doc, schema)
 
 
@@ -125,6 +122,7 @@ def export_image(
     client, image_ref: str, out: Path, *, images_dir: Path | None = DEFAULT_IMAGES_DIR, log=print
 ) -> Exported:
     """Save ``image_ref`` to ``out`` with its sha256 and archive record (all atomic)."""
+    # lazy: docker-py, needed only where a Docker daemon is used
     import docker
 
     if not out.parent.is_dir():
@@ -423,6 +421,7 @@ def import_image(
     log=print,
 ) -> Imported:
     """Check, load, re-check, tag and record ``archive``; raise HandoffError on any mismatch."""
+    # lazy: docker-py, needed only where a Docker daemon is used
     import docker
 
     started = time.monotonic()
@@ -530,6 +529,7 @@ def import_image(
 
 
 def _exists(client, image_id: str) -> bool:
+    # lazy: docker-py, needed only where a Docker daemon is used
     import docker
 
     try:
@@ -540,6 +540,7 @@ def _exists(client, image_id: str) -> bool:
 
 
 def _tag_target(client, tag: str) -> str | None:
+    # lazy: docker-py, needed only where a Docker daemon is used
     import docker
 
     try:
@@ -550,6 +551,7 @@ def _tag_target(client, tag: str) -> str | None:
 
 def _remove_if_new(client, ids: list[str], existed: bool) -> None:
     """Undo a load that added an image which fails the checks (never one that was here)."""
+    # lazy: docker-py, needed only where a Docker daemon is used
     import docker
 
     if existed:

@@ -10,12 +10,15 @@ but not the driver.
 
 from __future__ import annotations
 
+import importlib.metadata as md
 import json
 import platform
 from pathlib import Path
 from typing import Any
 
+from repro import __version__
 from repro.containers import labels as label_keys
+from repro.envinfo import kit_source_sha256
 from repro.errors import ReproError
 
 
@@ -25,17 +28,13 @@ class ImageCheckFailed(ReproError):
 
 def in_image_facts(lock_path: Path | None = None) -> dict[str, Any]:
     """The stack as this interpreter sees it (run inside the image)."""
-    import importlib.metadata as md
-
-    from repro import __version__
-    from repro.envinfo import kit_source_sha256
-
     facts: dict[str, Any] = {
         "python": platform.python_version(),
         "kit": {"version": __version__, "source_sha256": kit_source_sha256()},
         "problems": [],
     }
     try:
+        # lazy: torch, found only where models are built or engines run
         import torch
 
         facts["torch"] = {
@@ -52,6 +51,7 @@ def in_image_facts(lock_path: Path | None = None) -> dict[str, Any]:
         facts["torch"] = None
         facts["problems"].append(f"import torch failed: {type(exc).__name__}: {exc}")
     try:
+        # lazy: vllm, found only in an engine environment
         import vllm
 
         facts["vllm"] = {"version": md.version("vllm"), "build": vllm.__version__}
@@ -92,6 +92,7 @@ def compare_with_labels(facts: dict[str, Any], labels: dict[str, str]) -> list[s
 
 def check_image(client, image_id: str, labels: dict[str, str]) -> dict[str, Any]:
     """Run `image-check` in a container of ``image_id`` (no network) and compare with labels."""
+    # lazy: docker-py, needed only where a Docker daemon is used
     import docker
 
     # One container for both questions: under vfs each container copies the whole image.

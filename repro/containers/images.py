@@ -14,7 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from repro.containers import build
+from repro import envinfo
+from repro.atomicio import sha256_file
+from repro.containers import base as base_mod
+from repro.containers import build, cuda, handoff
 from repro.containers import labels as label_keys
 from repro.errors import ReproError
 
@@ -36,8 +39,6 @@ class ImageFacts:
 
     @classmethod
     def of(cls, image) -> ImageFacts:
-        from repro.containers import handoff  # late: handoff imports this module's helpers
-
         labels = dict(image.labels or {})
         imported = handoff.location_image(image.id, labels, handoff.DEFAULT_IMAGES_DIR).get(
             "archive_sha256"
@@ -57,6 +58,7 @@ class ImageFacts:
 
 def get_image(client, reference: str) -> ImageFacts:
     """The image named ``reference`` (tag or id), or an error saying how to get one."""
+    # lazy: docker-py, needed only where a Docker daemon is used
     import docker
 
     try:
@@ -100,10 +102,8 @@ def ensure_cpu_image(
     log=print,
 ) -> ImageFacts:
     """The newest CPU image for ``vllm_version`` with this kit, built on ``base`` if missing."""
+    # lazy: docker-py, needed only where a Docker daemon is used
     import docker
-
-    from repro import envinfo
-    from repro.containers import base as base_mod
 
     kit = envinfo.collect_kit(build.REPO)
     found = [
@@ -171,10 +171,6 @@ def ensure_cuda_image(
 ) -> ImageFacts:
     """The newest CUDA image for ``vllm_ref`` from its lock with this kit, built if missing
     (on nvidia/cuda by digest where it can be had, else on the local Ubuntu base)."""
-    from repro import envinfo
-    from repro.atomicio import sha256_file
-    from repro.containers import cuda
-
     if not Path(lock_path).is_file():
         raise ImageMissing(
             f"no CUDA image can be picked or built for vLLM {vllm_ref}: its wheel lock "

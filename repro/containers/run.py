@@ -26,7 +26,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from repro import redaction, runner
+from repro import envinfo, redaction, runner
+from repro.artifact import ArtifactInvalid, redact_env, validate_artifact
 from repro.connectors import Connector
 from repro.containers import labels as label_keys
 from repro.containers.images import ImageFacts
@@ -39,7 +40,8 @@ from repro.containers.launch import (
     profile_launch,
 )
 from repro.errors import ReproError
-from repro.profiles import Profile
+from repro.models import tinymodel
+from repro.profiles import Profile, get_profile
 from repro.runcontext import FACTS_FILE, Environment, RunContext
 
 CONTAINER_CACHE = "/cache"
@@ -130,6 +132,7 @@ class ContainerRun:
 
     def create_kwargs(self) -> dict[str, Any]:
         """docker-py's ``containers.create`` arguments for this run (all but the image)."""
+        # lazy: docker-py, needed only where a Docker daemon is used
         import docker
 
         device_requests = (
@@ -211,6 +214,7 @@ class ContainerRun:
         )
 
     def kill(self) -> None:
+        # lazy: docker-py, needed only where a Docker daemon is used
         import docker
 
         try:
@@ -246,6 +250,7 @@ def _emit(line: str, sink: TextIO, echo: TextIO | None) -> None:
 
 
 def remove_container(container) -> None:
+    # lazy: docker-py, needed only where a Docker daemon is used
     import docker
 
     try:
@@ -393,8 +398,6 @@ def run_profile_in_container(
 
 
 def get_profile_device(profile: Profile) -> str:
-    from repro.profiles import get_profile
-
     return get_profile(profile.name).device
 
 
@@ -407,8 +410,6 @@ def open_run_log(out_dir: Path) -> TextIO:
 
 def _own_record(out_dir: Path, arm: str, image: ImageFacts) -> dict[str, Any] | None:
     """The record the container wrote for ``arm``, if it is there, valid and from ``image``."""
-    from repro.artifact import ArtifactInvalid, validate_artifact
-
     path = out_dir / f"{arm}.json"
     try:
         doc = json.loads(path.read_text())
@@ -429,8 +430,6 @@ def _container_environment(out_dir: Path, image: ImageFacts) -> Environment:
         return written.in_container(image.as_record())
     except (OSError, ValueError, ReproError):
         pass  # not written (or cut short): what the host knows, below
-    from repro import envinfo
-    from repro.artifact import redact_env
 
     labels = image.labels
     vllm = labels.get(label_keys.VLLM_REF) or None
@@ -507,8 +506,6 @@ def build_tiny_model_in_image(
 ) -> Path:
     """Build the tiny model with the image's torch and transformers into ``cache_dir`` (mounted
     read-write) when this host has no engine environment; return its folder on the host."""
-    from repro.models import tinymodel
-
     cache_dir = Path(cache_dir).resolve()
     cache_dir.mkdir(parents=True, exist_ok=True)
     target = tinymodel.tiny_model_dir(cache_dir, recipe=tinymodel.recipe_for(family))

@@ -13,6 +13,7 @@ from repro.evidence.verdicts import answer_line
 def print_summary(documents: dict[str, dict[str, Any]], out_dir: Path) -> None:
     """One row per arm; with a connector ladder, one row per rung (the reference without the
     connector, then the run of record with it) and the ladder's finding below them."""
+    # lazy: rich is slow to import; only output that draws needs it
     from rich.console import Console
     from rich.table import Table
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from repro import answer_logprob, grading, ladder, prompts
+from repro.evidence.runs import EvidenceError
 
 
 def verdict_section(verdict: grading.Verdict) -> dict[str, Any]:
@@ -314,8 +315,6 @@ __all__ = ["VerdictCheck", "check_verdict"]
 def require_verdict_follows(doc: dict[str, Any], where: str, advice: str) -> None:
     """Raise EvidenceError, naming `where` and saying `advice`, unless the recorded verdict
     follows from the recorded figures (what bundle, report and compare all require)."""
-    from repro.evidence.runs import EvidenceError
-
     problems = check_verdict(doc).problems
     if problems:
         lines = "\n".join(f"  - {p}" for p in problems)

@@ -51,6 +51,7 @@ from repro.evidence.archive import (
 from repro.evidence.bundle import parse_timestamp, sidecar
 from repro.evidence.contents import VerifyResult
 from repro.evidence.runs import BUNDLE_SUFFIXES, EvidenceError, Run, load_run_dir, runs_from_files
+from repro.evidence.verdicts import require_verdict_follows
 
 
 def verify_bundle(path: Path) -> VerifyResult:
@@ -253,8 +254,6 @@ def load_runs(paths: list[Path]) -> list[Run]:
 def _graded_as_recorded(run: Run) -> Run:
     """`run`, once each recorded verdict follows from its figures: a reader must never show
     a verdict the figures do not give."""
-    from repro.evidence.verdicts import require_verdict_follows
-
     for arm, doc in run.documents.items():
         require_verdict_follows(
             doc,

@@ -25,12 +25,16 @@ import math
 import torch
 from torch import nn
 
+from repro.models.qwen3_next_layout import checkpoint_layout, config_for
+from repro.vllm_plugin import fault_injection as fault
+
 
 class MTP(nn.Module):
     """vLLM's Qwen3NextMultiTokenPredictor, less the embedding it shares with the model."""
 
     def __init__(self, config) -> None:
         super().__init__()
+        # lazy: transformers, found only where models are built
         from transformers.models.qwen3_next.modeling_qwen3_next import (
             Qwen3NextDecoderLayer,
             Qwen3NextRMSNorm,
@@ -57,9 +61,8 @@ class MTP(nn.Module):
 class NeedleQwen3Next(nn.Module):
     def __init__(self, recipe: dict, vocab: int, *, eos_token_id=None, pad_token_id=None) -> None:
         super().__init__()
+        # lazy: transformers, found only where models are built
         from transformers import Qwen3NextModel
-
-        from repro.models.qwen3_next_layout import config_for
 
         self.recipe = recipe
         self.config = config_for(
@@ -100,9 +103,8 @@ class NeedleQwen3Next(nn.Module):
         (`fault_injection.perturb_block`: noise of `NOISE_SCALE` times the state's RMS), as a
         cache hit at `split_at` would resume. The check that the fault can move this model's
         answers at all."""
+        # lazy: transformers, found only where models are built
         import transformers.models.qwen3_next.modeling_qwen3_next as modeling
-
-        from repro.vllm_plugin import fault_injection as fault
 
         original = modeling.torch_chunk_gated_delta_rule
         layer = iter(range(len(self.model.layers)))
@@ -126,8 +128,6 @@ class NeedleQwen3Next(nn.Module):
 
     def checkpoint_state(self, dtype) -> dict[str, torch.Tensor]:
         """The state dict under the names vLLM loads, in `dtype`, on the CPU."""
-        from repro.models.qwen3_next_layout import checkpoint_layout
-
         state = {name: t.detach().to("cpu", dtype) for name, t in self.state_dict().items()}
         return checkpoint_layout(state, self.recipe)
 

@@ -18,9 +18,12 @@ tokenizer in its format) and safetensors; none of them is imported by the host-s
 
 from __future__ import annotations
 
+import argparse
+import copy
 import hashlib
 import json
 import math
+import multiprocessing
 import os
 import random
 import sys
@@ -28,7 +31,7 @@ import time
 from pathlib import Path
 
 from repro.atomicio import sha256_file
-from repro.models import needle_data
+from repro.models import needle_data, qwen3_next_layout, tiny_nemotron_h
 
 # Bump when the trainer's output changes for an unchanged recipe.
 TRAINER_VERSION = 2
@@ -134,6 +137,7 @@ def recipe_digest(recipe: dict = RECIPE) -> str:
 
 def build_tokenizer(out_dir: Path, recipe: dict):
     """A byte-level BPE whose digits are always single tokens (a code is six tokens)."""
+    # lazy: tokenizers, found only where models are built
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -175,6 +179,7 @@ _WORKER: dict = {}
 
 
 def _worker_init(recipe: dict, tokenizer_path: str) -> None:
+    # lazy: tokenizers, found only where models are built
     from tokenizers import Tokenizer
 
     _WORKER["recipe"], _WORKER["tokenizer"] = recipe, Tokenizer.from_file(tokenizer_path)
@@ -187,8 +192,6 @@ def _worker_batch(step: int):
 def batches(recipe: dict, tokenizer_path: Path, workers: int):
     """Every step's batch in order, made ahead by `workers` processes (the data is Python
     string work; the GPU step is faster than one process can make batches)."""
-    import multiprocessing
-
     context = multiprocessing.get_context("spawn")
     with context.Pool(workers, _worker_init, (recipe, str(tokenizer_path))) as pool:
         yield from pool.imap(_worker_batch, range(recipe["steps"]), chunksize=4)
@@ -208,6 +211,7 @@ def training_batch(step: int, recipe: dict, tokenizer):
 
 
 def to_tensors(rows, pad_id: int, multiple: int, device):
+    # lazy: torch, found only where models are built or engines run
     import torch
 
     length = max(len(ids) for ids, _ in rows)
@@ -260,6 +264,7 @@ def eval_sets(recipe: dict, tokenizer) -> dict[str, list[needle_data.Example]]:
 
 def exact_recall(model, tokenizer, examples, pad_id: int, device, chunk: int) -> dict:
     """Share of examples whose greedy answer is the code (every answer token the argmax)."""
+    # lazy: torch, found only where models are built or engines run
     import torch
 
     encoded = needle_data.encode(tokenizer, examples)
@@ -296,6 +301,7 @@ RESTORED_TAIL = 18
 def noisy_recall(model, tokenizer, examples, device, tail: int = RESTORED_TAIL) -> dict:
     """Exact recall with the kit's injected fault on the recurrent state `tail` tokens before
     the answer (`restored_state_noise`): whether the fault can move this model's answers."""
+    # lazy: torch, found only where models are built or engines run
     import torch
 
     hits = 0
@@ -326,7 +332,7 @@ def new_model(recipe: dict, fast_tokenizer):
     """The untrained model of `recipe`'s family, and its `initialise(model, recipe, generator)`."""
     vocab = len(fast_tokenizer)
     if recipe["model_type"] == "qwen3_next":
-        from repro.models import needle_qwen3_next
+        from repro.models import needle_qwen3_next  # lazy: imports torch and transformers
 
         model = needle_qwen3_next.NeedleQwen3Next(
             recipe,
@@ -335,22 +341,19 @@ def new_model(recipe: dict, fast_tokenizer):
             pad_token_id=fast_tokenizer.pad_token_id,
         )
         return model, needle_qwen3_next.initialise
-    from repro.models import needle_model
+    from repro.models import needle_model  # lazy: imports torch
 
     return needle_model.NeedleNemotronH(recipe, vocab), needle_model.initialise
 
 
 def export(model, recipe: dict, out_dir: Path, fast_tokenizer) -> dict:
     """config.json + model.safetensors (bf16, checkpoint names) in `out_dir`; their sha256."""
+    # lazy: torch, found only where models are built or engines run
     import torch
     from safetensors.torch import save_file
 
-    from repro.models import tiny_nemotron_h
-
     dtype = getattr(torch, recipe["dtype"])
     if recipe["model_type"] == "qwen3_next":
-        from repro.models import qwen3_next_layout
-
         state = model.checkpoint_state(dtype)
         qwen3_next_layout.write_config(model.config, recipe, out_dir)
     else:
@@ -368,8 +371,7 @@ def export(model, recipe: dict, out_dir: Path, fast_tokenizer) -> dict:
 
 
 def bf16_copy(model, recipe, vocab):
-    import copy
-
+    # lazy: torch, found only where models are built or engines run
     import torch
 
     twin = copy.deepcopy(model)
@@ -399,6 +401,7 @@ def train(
     device: str,
     workers: int = 4,
 ) -> dict:
+    # lazy: torch, found only where models are built or engines run
     import torch
     import torch.nn.functional as F
 
@@ -543,6 +546,7 @@ class _null:
 
 
 def _environment(device: str) -> dict:
+    # lazy: torch, found only where models are built or engines run
     import torch
 
     env = {"torch": torch.__version__, "python": sys.version.split()[0], "device": device}
@@ -552,14 +556,13 @@ def _environment(device: str) -> dict:
 
 
 def default_device() -> str:
+    # lazy: torch, found only where models are built or engines run
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     parser = argparse.ArgumentParser(prog="python -m repro.models.needle_train")
     parser.add_argument("--family", choices=sorted(RECIPES), default="nemotron-h-needle")
     parser.add_argument("--out", type=Path, required=True)
@@ -570,6 +573,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2))
     parser.add_argument("--batch-size", type=int, default=None, help="override (smoke runs)")
     args = parser.parse_args(argv)
+    # lazy: torch, found only where models are built or engines run
     import torch
 
     recipe = dict(RECIPES[args.family])

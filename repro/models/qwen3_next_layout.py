@@ -32,6 +32,7 @@ _RECIPE_KEYS = (
 
 def config_for(recipe: dict, vocab: int, *, eos_token_id: int | None, pad_token_id: int | None):
     """The transformers config of `recipe` (also what config.json records)."""
+    # lazy: transformers, found only where models are built
     from transformers import Qwen3NextConfig
 
     return Qwen3NextConfig(

@@ -26,6 +26,7 @@ from typing import BinaryIO
 
 from repro.atomicio import publish_folder, sha256_stream
 from repro.errors import ReproError
+from repro.models import needle_train
 
 _CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
 FAMILY = "nemotron-h-needle"  # the first one, and the default of every function here
@@ -61,15 +62,11 @@ def _sums(folder: Path) -> dict[str, str]:
 
 def family_of(recipe: dict) -> str | None:
     """The needle family whose trained recipe `recipe` is (None for a built model's)."""
-    from repro.models import needle_train
-
     return next((f for f, r in needle_train.RECIPES.items() if r is recipe), None)
 
 
 def verify(folder: Path | None = None, family: str = FAMILY) -> dict:
     """The checkpoint's recipe record, after checking its files and its recipe."""
-    from repro.models import needle_train
-
     folder = Path(folder) if folder is not None else CHECKPOINTS[family]
     if not (folder / SUMS).is_file() or not (folder / "recipe.json").is_file():
         raise ReproError(
@@ -135,8 +132,6 @@ def _pack(folder: Path) -> None:
 
 def retrain(out: Path | None = None, *, device: str | None = None, family: str = FAMILY) -> Path:
     """Train from the family's current recipe into `out`, or replace its committed checkpoint."""
-    from repro.models import needle_train
-
     committed = CHECKPOINTS[family]
     target = Path(out) if out else committed
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -116,6 +116,7 @@ def recipe_for_tp(divisor: int, recipe: dict = RECIPE) -> dict:
 
 def build(out_dir: Path, recipe: dict, tokenizer) -> None:
     """Write config.json and model.safetensors for `recipe` (the tokenizer is already saved)."""
+    # lazy: torch, found only where models are built or engines run
     import torch
     from safetensors.torch import save_file
 
@@ -173,6 +174,7 @@ def _config(recipe: dict, vocab: int, tokenizer) -> dict:
 
 
 def _weights(recipe: dict, vocab: int) -> dict:
+    # lazy: torch, found only where models are built or engines run
     import torch
 
     generator = torch.Generator().manual_seed(recipe["seed"])
@@ -230,6 +232,7 @@ def _mtp(recipe: dict, normal, hidden: int, q_size: int, kv_size: int) -> dict:
     """One MTP step ('*'): eh_proj fuses [embedding; hidden]; pass-through keeps the
     embedding alone and zeroes the attention output, so the draft is the token the lm_head
     reads off the next token's embedding."""
+    # lazy: torch, found only where models are built or engines run
     import torch
 
     prefix = "mtp.layers.0."

@@ -18,13 +18,17 @@ imports this module without an engine environment.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
 import random
 from pathlib import Path
 
+from repro import prompts
 from repro.atomicio import publish_folder
+from repro.models import needle_train, tiny_needle, tiny_nemotron_h
+from repro.models.qwen3_next_layout import checkpoint_layout, config_for, write_config
 
 # Bump when the builder's output changes for an unchanged recipe.
 BUILDER_VERSION = 3
@@ -94,8 +98,6 @@ FAMILIES = ("qwen3-next", "nemotron-h", "nemotron-h-tp4", "nemotron-h-needle", "
 
 def recipe_for(family: str) -> dict:
     """The recipe of a tiny model family."""
-    from repro.models import needle_train, tiny_nemotron_h
-
     recipes = {
         "qwen3-next": RECIPE,
         "nemotron-h": tiny_nemotron_h.RECIPE,
@@ -112,8 +114,6 @@ def recipe_for(family: str) -> dict:
 
 def tiny_model_dir(cache_dir: Path | None = None, recipe: dict = RECIPE) -> Path:
     """Where the tiny model of `recipe` lives (built or not)."""
-    from repro.models import needle_train, tiny_needle
-
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     trained = tiny_needle.family_of(recipe)
     if trained is not None:
@@ -128,8 +128,6 @@ def is_built(target: Path) -> bool:
 
 def ensure_tiny_model(cache_dir: Path | None = None, recipe: dict = RECIPE) -> Path:
     """Return the directory of the tiny model for `recipe`, building it if it is missing."""
-    from repro.models import tiny_needle
-
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     target = tiny_model_dir(cache_dir, recipe)
     trained = tiny_needle.family_of(recipe)
@@ -150,8 +148,6 @@ def ensure_tiny_model(cache_dir: Path | None = None, recipe: dict = RECIPE) -> P
 
 def training_corpus(seed: int) -> list[str]:
     """Text the tokenizer is trained on: the same vocabulary the prompts use."""
-    from repro import prompts
-
     rng = random.Random(seed)
     lines = [prompts.HEADER, prompts.FOOTER]
     lines += prompts.FILLER_SENTENCES
@@ -164,6 +160,7 @@ def training_corpus(seed: int) -> list[str]:
 
 
 def build_tokenizer(out_dir: Path, recipe: dict) -> None:
+    # lazy: tokenizers, found only where models are built
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -187,6 +184,7 @@ def build_tokenizer(out_dir: Path, recipe: dict) -> None:
 
 def build_tiny_model(out_dir: Path, recipe: dict = RECIPE) -> Path:
     """Write config, weights (with `mtp.*`) and tokenizer for `recipe` into `out_dir`."""
+    # lazy: transformers, found only where models are built
     from transformers import AutoTokenizer
 
     out_dir = Path(out_dir)
@@ -194,8 +192,6 @@ def build_tiny_model(out_dir: Path, recipe: dict = RECIPE) -> Path:
     build_tokenizer(out_dir, recipe)
     tokenizer = AutoTokenizer.from_pretrained(str(out_dir))
     if recipe["model_type"] == "nemotron_h":
-        from repro.models import tiny_nemotron_h
-
         tiny_nemotron_h.build(out_dir, recipe, tokenizer)
     else:
         _build_qwen3_next(out_dir, recipe, tokenizer)
@@ -211,11 +207,10 @@ def build_tiny_model(out_dir: Path, recipe: dict = RECIPE) -> Path:
 
 
 def _build_qwen3_next(out_dir: Path, recipe: dict, tokenizer) -> None:
+    # lazy: torch, found only where models are built or engines run
     import torch
     from safetensors.torch import save_file
     from transformers import Qwen3NextForCausalLM
-
-    from repro.models.qwen3_next_layout import checkpoint_layout, config_for, write_config
 
     torch.manual_seed(recipe["seed"])
     config = config_for(
@@ -250,6 +245,7 @@ def _mtp_weights(state: dict, recipe: dict, dtype) -> dict:
     The MTP layer is a copy of the last full-attention layer; `mtp.fc` maps the concatenated
     [embedding; hidden] back to the hidden size.
     """
+    # lazy: torch, found only where models are built or engines run
     import torch
 
     hidden = recipe["hidden_size"]
@@ -277,8 +273,6 @@ def _mtp_weights(state: dict, recipe: dict, dtype) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     parser = argparse.ArgumentParser(description="Build (or find) the tiny hybrid model.")
     parser.add_argument("--cache", type=Path, default=None, help="model cache directory")
     args = parser.parse_args(argv)

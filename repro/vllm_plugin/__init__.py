@@ -25,7 +25,7 @@ silently as a clean run).
 
 from __future__ import annotations
 
-from . import fault_injection
+from . import fault_injection, restore_witness, worker_facts
 from .fault_injection import ACCEPTED_FAULTS, active_fault, logger
 
 __all__ = [
@@ -46,6 +46,7 @@ def installed_cpu_kernels() -> list[str]:
 
 def _on_cpu_without_triton() -> bool:
     try:
+        # lazy: vllm, found only in an engine environment
         from vllm.platforms import current_platform
         from vllm.triton_utils import HAS_TRITON
     except Exception as exc:  # noqa: BLE001 - unsupported vLLM: warn, never raise
@@ -87,6 +88,7 @@ def register() -> None:
     _registered = True
 
     if _on_cpu_without_triton():
+        # lazy: only the CPU platform without Triton needs them (cpu_kernels imports numpy)
         from . import cpu_dispatch, cpu_gdn, cpu_kernels
 
         _cpu_kernels[:] = _install(
@@ -101,14 +103,10 @@ def register() -> None:
         )
         _install(cpu_gdn, failed="wrapping the CPU GDN op")
 
-    from . import worker_facts
-
     try:
         worker_facts.install()
     except Exception as exc:  # noqa: BLE001 - the engine names the run inconclusive instead
         logger.warning("repro plugin: the worker facts method was not installed: %r", exc)
-
-    from . import restore_witness
 
     # Before the fault: the fault's wrapper then runs outside the witness's, so the witness
     # judges the state the engine restored, before the fault perturbs its copy.

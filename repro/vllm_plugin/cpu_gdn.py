@@ -35,6 +35,7 @@ def unit_stride(tensor: Any) -> Any:
     """
     if tensor.dim() == 0 or tensor.stride(-1) == 1:
         return tensor
+    # lazy: torch, found only where models are built or engines run
     import torch
 
     return torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device).copy_(tensor)

@@ -462,6 +462,7 @@ def install(logger) -> list[str]:
     if not wanted:
         return installed
     try:
+        # lazy: vllm, found only in an engine environment
         from vllm.triton_utils.dispatcher import register_kernels
     except ImportError:
         register_kernels = None

@@ -106,6 +106,7 @@ def applied_count() -> int:
 
 
 def _noise_like(block, key: int):
+    # lazy: torch, found only where models are built or engines run
     import torch
 
     gen = torch.Generator(device="cpu").manual_seed(NOISE_SEED + key)
@@ -207,6 +208,7 @@ def install(kind: str) -> bool:
     if kind not in ACCEPTED_FAULTS:
         raise ValueError(f"unknown fault {kind!r}; accepted: {', '.join(ACCEPTED_FAULTS)}")
     try:
+        # lazy: vllm, found only in an engine environment
         from vllm.v1.worker import mamba_utils
     except Exception as exc:  # noqa: BLE001 - any import failure means "unsupported"
         logger.warning(

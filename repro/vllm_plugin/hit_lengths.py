@@ -23,6 +23,7 @@ _METHODS = ("get_computed_blocks", "get_computed_blocks_for_connector")
 
 def attention_cover(manager: Any, blocks: Any) -> int | None:
     """Tokens the fewest-covering attention group's blocks hold (None: no attention group)."""
+    # lazy: vllm, found only in an engine environment
     from vllm.v1.kv_cache_interface import MambaSpec
 
     covers = []
@@ -56,6 +57,7 @@ def _wrap(original):
 
 def install() -> list[str]:
     """Wrap the KV-cache manager's local lookups; returns the ones wrapped."""
+    # lazy: vllm, found only in an engine environment
     from vllm.v1.core.kv_cache_manager import KVCacheManager
 
     wrapped = []

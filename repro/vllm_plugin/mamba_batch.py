@@ -13,9 +13,11 @@ from typing import Any
 
 def mamba_layers(kv_cache_config: Any, forward_context: dict[str, Any]):
     """Yield (group_id, block_size, layer_name, state tensors) for every Mamba layer."""
+    # lazy: vllm, found only in an engine environment
     from vllm.v1.kv_cache_interface import MambaSpec
 
     try:
+        # lazy: vllm, found only in an engine environment
         from vllm.v1.kv_cache_interface import UniformTypeKVCacheSpecs
     except ImportError:  # older releases
         UniformTypeKVCacheSpecs = ()  # noqa: N806

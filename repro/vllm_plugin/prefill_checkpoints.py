@@ -37,6 +37,7 @@ def _wrap(original, on_checkpoints: OnCheckpoints, on_error: Callable[[Exception
 def install(on_checkpoints: OnCheckpoints, on_error: Callable[[Exception], None]) -> bool:
     """Wrap vLLM 0.32's prefill checkpoint builder, where it exists."""
     try:
+        # lazy: vllm, found only in an engine environment
         from vllm.model_executor.layers.mamba import checkpoint
     except ImportError:
         return False  # releases before prefill checkpoints: nothing more is written

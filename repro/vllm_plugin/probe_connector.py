@@ -108,6 +108,7 @@ def take(request_id: str) -> dict[str, Any] | None:
 def _watch_group_lookups() -> None:
     """Record each group's own hit from the per-group lookup, by group kind."""
     try:
+        # lazy: vllm, found only in an engine environment
         from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
     except ImportError:  # a release without the hybrid coordinator: no per-group hits
         return
@@ -130,6 +131,7 @@ def _watch_group_lookups() -> None:
 
 def _by_kind(coordinator, hits) -> dict[str, int]:
     """The fewest tokens any group of a kind hit: `attention` or `mamba`."""
+    # lazy: vllm, found only in an engine environment
     from vllm.v1.kv_cache_interface import MambaSpec
 
     kinds: dict[str, int] = {}

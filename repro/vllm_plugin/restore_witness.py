@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 import logging
 import os
 import time
@@ -189,8 +190,6 @@ _TRACE_PATH = os.environ.get(TRACE_ENV)
 
 def _trace(**fields: Any) -> None:
     if _TRACE_PATH:
-        import json
-
         with open(f"{_TRACE_PATH}.{os.getpid()}", "a", encoding="utf-8") as out:
             out.write(json.dumps(fields) + "\n")
 
@@ -366,6 +365,7 @@ INSTALLED: list[str] = []
 def install() -> str | None:
     """Wrap ``preprocess_mamba`` and give the workers `METHOD`. Returns what it could not
     do (a reason), or None when the witness is live."""
+    # lazy: vllm, found only in an engine environment
     from vllm.v1.worker import mamba_utils
     from vllm.v1.worker.worker_base import WorkerBase
 

@@ -23,6 +23,7 @@ class BlockFingerprints:
         self._sampling: dict[tuple[int, str], tuple[Any, Any]] = {}
 
     def of(self, state, block_ids: list[int]) -> list[int]:
+        # lazy: torch, found only where models are built or engines run
         import torch
 
         if not block_ids:
@@ -38,6 +39,7 @@ class BlockFingerprints:
     def _sample(self, width: int, device) -> tuple[Any, Any]:
         key = (width, str(device))
         if key not in self._sampling:
+            # lazy: torch, found only where models are built or engines run
             import torch
 
             gen = torch.Generator().manual_seed(_SEED)

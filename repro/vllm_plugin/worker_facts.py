@@ -15,14 +15,15 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from .fault_injection import applied_count, installed_kind
+
 METHOD = "repro_kit_facts"
 
 
 def worker_facts(worker: Any) -> dict[str, Any]:
     """This worker's figures (`worker` is vLLM's worker object)."""
+    # lazy: vllm, found only in an engine environment
     from vllm.v1.kv_cache_interface import MambaSpec
-
-    from .fault_injection import applied_count, installed_kind
 
     kv_cache_config = worker.model_runner.kv_cache_config
     config = worker.vllm_config
@@ -45,6 +46,7 @@ def worker_facts(worker: Any) -> dict[str, Any]:
 
 def install() -> bool:
     """Give vLLM's worker base class the `METHOD`; idempotent."""
+    # lazy: vllm, found only in an engine environment
     from vllm.v1.worker.worker_base import WorkerBase
 
     if getattr(WorkerBase, METHOD, None) is not worker_facts:
