@@ -34,6 +34,8 @@ from repro import KIT_SOURCE, engine_env, patching
 from repro.atomicio import sha256_file, write_json_atomic
 from repro.clock import utc_text
 from repro.errors import ReproError
+from repro.installset.install import install, run_pip
+from repro.installset.steps import Steps
 from repro.jsonread import JSONUnreadable, read_json
 
 MARKER = "repro-host-tree.json"
@@ -188,9 +190,6 @@ def _remove_leftovers(root: Path, name: str, log) -> None:
 
 
 def _install(spec: TreeSpec, staging: Path, log) -> None:
-    from repro.installset.install import install, run_pip
-    from repro.installset.steps import Steps
-
     class TreeSteps(Steps):
         def say(self, text: str) -> None:
             # The folder is renamed once whole; host-install prints the tree to use.

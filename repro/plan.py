@@ -23,13 +23,15 @@ import os
 from pathlib import Path
 from typing import Any
 
-from repro import envinfo, weights
+from repro import envinfo, runner, weights
 from repro.arms.common import sampling_plan
 from repro.atomicio import sha256_file
 from repro.containers import DockerUnavailable, base, cuda, docker_client, images, pins
 from repro.containers import labels as label_keys
 from repro.containers.cuda import DEFAULT_VARIANT, LOCK_PYTHON
+from repro.containers.launch import profile_launch
 from repro.containers.refs import parse_vllm_ref
+from repro.containers.run import RunRequest
 from repro.errors import HardwareUnavailable
 from repro.installset import lock as lockmod
 from repro.preflight import GIB, check_hardware
@@ -262,10 +264,6 @@ def build_plan(
             "fetch": f"python -m repro fetch-weights --profile {profile.name}",
             "verify": f"python -m repro verify-weights --profile {profile.name}",
         }
-        from repro import runner
-        from repro.containers.launch import profile_launch
-        from repro.containers.run import RunRequest
-
         out = Path(out_dir).resolve() if out_dir is not None else Path("artifacts/<run id>")
         request = RunRequest(
             profile=profile,

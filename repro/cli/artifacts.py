@@ -34,7 +34,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_kit_archive(args: argparse.Namespace) -> int:
-    from repro.kit_archive import write_kit_archive
+    from repro.kit_archive import write_kit_archive  # lazy: the evidence archive writer
 
     path = write_kit_archive(args.out)
     print(f"{path} ({path.stat().st_size / 2**20:.1f} MiB): tar -xzf it on the host", flush=True)

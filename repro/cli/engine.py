@@ -74,7 +74,7 @@ def cmd_patch(args: argparse.Namespace) -> int:
 
 
 def cmd_host_install(args: argparse.Namespace) -> int:
-    from repro import host_tree
+    from repro import host_tree  # lazy: the installer's modules, for this command only
 
     spec = host_tree.TreeSpec(
         args.parts, tuple(args.patch), host_tree.extra_wheels_in(args.extra_wheels)

@@ -16,7 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from repro.gpu_host import SHARED_CORES_ENV, gpu_host_env
+from repro.profiles import get_profile
 from repro.run_settings import RunSettings
+from repro.runcontext import IMAGE_ENV
+from repro.weights import PIN_ENV
 
 CONTAINER_MODEL = "/model"
 CONTAINER_OUT = "/out"
@@ -109,9 +112,6 @@ def profile_launch(
     cache whose snapshots link into blobs/), the request's folder at /out. ``image_env`` is the
     image's record handed to the run inside; ``weights_pin`` the host's check of the weights;
     ``host_env`` the environment whose GPU-host and shared-core settings carry over."""
-    from repro.profiles import get_profile
-    from repro.runcontext import IMAGE_ENV
-
     profile, arms = request.profile, request.arms
     model_path = f"{CONTAINER_MODEL}/{model_subpath}" if model_subpath else CONTAINER_MODEL
     connector_spec, connector_config, connector_mounts = connector_inside(request.connector)
@@ -144,8 +144,6 @@ def profile_launch(
     # A host whose engines share its cores (the test suite) waits passively in here too.
     environment.update({k: host_env[k] for k in SHARED_CORES_ENV if k in host_env})
     if weights_pin is not None:  # the host's check of the mounted weights
-        from repro.weights import PIN_ENV
-
         environment[PIN_ENV] = json.dumps(weights_pin, sort_keys=True)
     mounts = (
         Mount(Path(model_dir), CONTAINER_MODEL, read_only=True, what="model"),
