@@ -229,6 +229,18 @@ def artifact_paths(condition: Condition | BadCondition, arm: str) -> list[str]:
     return [f"{repeats.repeat_dir(Path(), i).as_posix()}/{arm}.json" for i in range(1, repeat + 1)]
 
 
+def read_records(condition: Condition | BadCondition, arm: str, cell_dir: Path) -> list:
+    """The records of one arm of a cell, one per repeat, each None where it is missing or not
+    JSON: the one place the matrix, its Slurm executor and a cell's run read them."""
+    docs = []
+    for rel in artifact_paths(condition, arm):
+        try:
+            docs.append(json.loads((cell_dir / rel).read_text()))
+        except (OSError, json.JSONDecodeError):
+            docs.append(None)
+    return docs
+
+
 def run_args(
     condition: Condition,
     cell_dir: Path,
@@ -316,16 +328,9 @@ def run_cell(
         out.write(f"[matrix] {condition.name}: {' '.join(command)}\n")
         out.flush()
         code = subprocess.run(command, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
-    missing = [
-        a
-        for a in condition.arms
-        if not all((cell_dir / p).is_file() for p in artifact_paths(condition, a))
-    ]
-    docs = {
-        a: json.loads((cell_dir / artifact_paths(condition, a)[-1]).read_text())
-        for a in condition.arms
-        if a not in missing
-    }
+    records = {a: read_records(condition, a, cell_dir) for a in condition.arms}
+    missing = [a for a, found in records.items() if None in found]
+    docs = {a: found[-1] for a, found in records.items() if a not in missing}
     if missing:
         docs.update(
             write_cell_errors(

@@ -65,15 +65,11 @@ def is_finished(item: Condition | BadCondition, cell_dir: Path) -> bool:
     recorded = cell.read_condition(cell_dir)
     if not recorded or recorded.get("content_hash") != item.content_hash:
         return False
-    for arm in item.arms:
-        for rel in cell.artifact_paths(item, arm):
-            try:
-                doc = json.loads((cell_dir / rel).read_text())
-            except (OSError, json.JSONDecodeError):
-                return False
-            if doc.get("verdict", {}).get("status") in (None, "error"):
-                return False
-    return True
+    return all(
+        doc is not None and doc.get("verdict", {}).get("status") not in (None, "error")
+        for arm in item.arms
+        for doc in cell.read_records(item, arm, cell_dir)
+    )
 
 
 def plan(items: list[Condition | BadCondition], out_dir: Path, *, log=print) -> Plan:

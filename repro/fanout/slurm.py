@@ -452,13 +452,7 @@ def collect_task(item, cell_dir: Path, slurm_log: Path, final: dict[str, str], j
     else:
         kept_log.write_text(f"(Slurm wrote no log at {slurm_log})\n")
     arms = list(item.arms) or list(get_profile(getattr(item, "profile", "tiny")).arms)
-    missing = []
-    for arm in arms:
-        try:
-            for rel in cell.artifact_paths(item, arm):
-                json.loads((cell_dir / rel).read_text())
-        except (OSError, json.JSONDecodeError):
-            missing.append(arm)
+    missing = [arm for arm in arms if None in cell.read_records(item, arm, cell_dir)]
     state = final["state"]
     if not missing:
         return
