@@ -17,6 +17,7 @@ from pathlib import Path
 from repro import KIT_SOURCE
 from repro.atomicio import write_bytes_atomic
 from repro.envinfo import kit_source_sha256
+from repro.errors import ReproError
 from repro.evidence.archive import gzip_bytes, tar_bytes
 
 KIT_DIRS = ("repro", "schemas", "containers")
@@ -37,6 +38,17 @@ def kit_files(source: Path = KIT_SOURCE) -> dict[str, bytes]:
 
 def write_kit_archive(out_dir: Path, source: Path = KIT_SOURCE) -> Path:
     """Write ``out_dir/repro-kit-<digest12>.tar.gz`` (mtime 0) and return its path."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ReproError(f"--out {out_dir} is a file; name the folder to write the archive into")
+    resolved = out_dir.resolve()
+    for folder in KIT_DIRS:
+        # An archive inside what it archives would be packed into the next one.
+        if resolved.is_relative_to((source / folder).resolve()):
+            raise ReproError(
+                f"--out {out_dir} is inside the kit's {folder}/, which the archive holds; "
+                f"name a folder outside {', '.join(f'{d}/' for d in KIT_DIRS)}"
+            )
     digest = kit_source_sha256(source / "repro")
     target = Path(out_dir) / f"repro-kit-{digest[:12]}.tar.gz"
     target.parent.mkdir(parents=True, exist_ok=True)

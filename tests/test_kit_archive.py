@@ -9,7 +9,10 @@ import sys
 import tarfile
 from pathlib import Path
 
+import pytest
+
 from repro.envinfo import kit_source_sha256
+from repro.errors import ReproError
 from repro.kit_archive import write_kit_archive
 
 REPO = Path(__file__).resolve().parent.parent
@@ -41,3 +44,15 @@ def test_the_archive_is_the_same_bytes_each_time_and_runs_where_it_is_unpacked(t
         check=True,
     )
     assert said.stdout.strip() == digest, "the unpacked kit is the code that was archived"
+
+
+def test_an_out_that_is_a_file_or_inside_the_kit_is_refused_and_nothing_written(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    with pytest.raises(ReproError, match="is a file; name the folder"):
+        write_kit_archive(afile, REPO)
+    assert afile.read_text() == "mine"
+    inside = REPO / "containers" / "archive-here"
+    with pytest.raises(ReproError, match="inside the kit's containers/"):
+        write_kit_archive(inside, REPO)
+    assert not inside.exists()

@@ -132,7 +132,14 @@ def run_bare(p, *, options: BareOptions, kit_source: Path, arm_timeout_s, log=pr
             )
         except (ReproError, OSError) as exc:
             p.environments.append(_tree_record(item, None, f"{type(exc).__name__}: {exc}", started))
-            cell.fail_without_engine(item, cell_dir, "tree on this host", exc, phase="host-install")
+            cell.fail_without_engine(
+                item,
+                cell_dir,
+                "tree on this host",
+                exc,
+                phase="host-install",
+                engine=_describe_install(item),
+            )
             log(f"[matrix] {item.name}: error (no tree: {exc})")
             continue
         first_tree = first_tree or tree
@@ -155,6 +162,12 @@ def run_bare(p, *, options: BareOptions, kit_source: Path, arm_timeout_s, log=pr
         states = ", ".join(f"{a} {d['verdict']['status']}" for a, d in docs.items())
         log(f"[matrix] {item.name}: {states} ({time.monotonic() - started:.0f}s)")
     borrow_validation(first_tree, options)
+
+
+def _describe_install(item: Condition) -> str:
+    source = item.installed_from()
+    patches = ", ".join(p.name for p in source.patches)
+    return f"the vLLM {source.ref.value} install set" + (f" with {patches}" if patches else "")
 
 
 def _tree_record(item: Condition, tree: Path | None, state: str, started: float) -> dict:

