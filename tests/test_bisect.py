@@ -7,11 +7,8 @@ served over HTTP from files, since upstream's per-commit wheel server cannot be 
 
 from __future__ import annotations
 
-import functools
-import http.server
-import threading
-
 import pytest
+from folder_server import serve_folder
 
 from repro.fanout import bisect
 from repro.fanout.bisect import BisectError, Probe
@@ -99,11 +96,8 @@ def stand_in_index(tmp_path):
             f'<a href="vllm-0.32.1.dev1+g{sha[:9]}-cp38-abi3-manylinux1_x86_64.whl#sha256=00">w</a>'
             f'<a href="other-1.0-py3-none-any.whl">o</a>'
         )
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with serve_folder(root) as url:
+        yield url
 
 
 def test_the_stand_in_wheel_index_gives_each_commits_wheel(stand_in_index):

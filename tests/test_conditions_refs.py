@@ -10,14 +10,12 @@ label filter behaves as the daemon's.
 
 from __future__ import annotations
 
-import functools
-import http.server
 import json
-import threading
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from folder_server import serve_folder
 
 from repro.fanout import conditions, precheck, resolve, slurm
 from repro.fanout.conditions import BadCondition, Condition
@@ -52,12 +50,8 @@ def stand_in_index(tmp_path_factory):
     (folder / "index.html").write_text(
         f'<a href="vllm-0.26.1.dev5+g{SHA[:9]}.cu130-cp38-abi3-manylinux_2_31_x86_64.whl">w</a>'
     )
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
-    handler.log_message = lambda *a: None
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with serve_folder(root) as url:
+        yield url
 
 
 # --- refs and what they install ---------------------------------------------------------------

@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import http.server
 import json
 import os
 import shutil
-import threading
 import zipfile
 from pathlib import Path
 
 import pytest
+from folder_server import serve_folder
 from kept_images import remove_unless_kept
 
 from repro.atomicio import sha256_file
@@ -65,12 +64,8 @@ def stand_in_index(tmp_path_factory):
     folder = root / SHA / "cu130" / "vllm"
     folder.mkdir(parents=True)
     _stand_in_wheel(folder, f"0.26.1.dev5+g{SHA[:9]}.cu130")
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
-    handler.log_message = lambda *a: None
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with serve_folder(root) as url:
+        yield url
 
 
 # --- refs -------------------------------------------------------------------------------------

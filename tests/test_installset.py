@@ -11,19 +11,17 @@ from __future__ import annotations
 
 import base64
 import email.parser
-import functools
 import hashlib
-import http.server
 import json
 import os
 import shutil
 import subprocess
 import sys
-import threading
 import zipfile
 from pathlib import Path
 
 import pytest
+from folder_server import serve_folder
 
 from repro.installset import InstallSetError
 from repro.installset.build import Wheel, download, pack_set, parse_size, write_parts
@@ -630,14 +628,8 @@ def test_a_set_for_another_python_is_refused_before_anything_is_written(set_copy
 
 @pytest.fixture(scope="module")
 def served(tiny_wheels):
-    handler = functools.partial(
-        http.server.SimpleHTTPRequestHandler, directory=str(tiny_wheels[0].parent)
-    )
-    handler.log_message = lambda *a: None
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with serve_folder(tiny_wheels[0].parent) as url:
+        yield url
 
 
 def _as_locked(wheel: Path, base: str, sha: str | None = None) -> Locked:
