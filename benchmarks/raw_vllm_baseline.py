@@ -5,10 +5,10 @@ kit's arms send, in the same order per engine: the same engine settings (the pro
 `engine_settings`), the same prompts (the kit's prompt builders, sized with the engine's
 tokenizer), the same sampling and the same waves, each through one `LLM.generate` call, on
 four engines (APC run and control of each arm) in one process with one vLLM import (the
-prompt builders are the kit's own pure functions: `repro.prompts`, `repro.geometry` and the
-arms' manual choice, so the baseline follows the arms when they change). It reads
-no counters, grades nothing and writes no artifact: whatever the kit spends beyond this is
-its own overhead.
+prompt builders are the kit's own pure functions: `repro.arms.prompts`,
+`repro.arms.geometry` and the arms' manual choice, so the baseline follows the arms when
+they change). It reads no counters, grades nothing and writes no artifact:
+whatever the kit spends beyond this is its own overhead.
 
 The multi-turn arm runs first here so that B can be read from its booted APC engine, as
 upstream's test reads it, for the cold-race budget of 1.25 B; the kit derives B from vLLM's
@@ -33,10 +33,10 @@ import vllm  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.engine.arg_utils import EngineArgs  # noqa: E402
 
-from repro import geometry, prompts  # noqa: E402
+from repro.arms import geometry, prompts  # noqa: E402
 from repro.arms.common import answer_sampling, fixed_sampling  # noqa: E402
 from repro.arms.multi_turn import first_turn_manuals  # noqa: E402
-from repro.engine import Sampling, resolve_settings  # noqa: E402
+from repro.engine.llm import Sampling, resolve_settings  # noqa: E402
 from repro.profiles import get_profile  # noqa: E402
 
 IMPORT_S = time.perf_counter() - STARTED

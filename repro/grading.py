@@ -15,7 +15,7 @@ Gates, in order:
      correct answers into misses (needle);
   4. liveness (cold-race): the cache must still produce hits afterwards, or a quiet cache
      could pass for a cure.
-Geometry is checked before any wave runs (see `repro.geometry`).
+Geometry is checked before any wave runs (see `repro.arms.geometry`).
 
 Rules. `RULES_UPSTREAM` grades as upstream's test does (needle control quality, no hits
 required in the cold-race trigger waves, outcomes kept apart: `OUTCOMES`); `RULES_KIT` is
@@ -39,7 +39,7 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from repro.vocabulary import Gate, Signal, Status
+from repro.core.vocabulary import Gate, Signal, Status
 
 # Upstream's margin: benign flips up to this many past the other direction are tolerated.
 FLIP_MARGIN = 2
@@ -150,7 +150,7 @@ class Engagement:
     request outputs, so the prefix-cache lookup of a request whose first chunk is a
     prefill-only step never reaches vLLM's own counters (measured: a lone 602-token probe
     re-sent with 480 tokens served from the cache moved neither). The kit now sums every
-    step's statistics itself (`repro.stats_tap`); the cached tokens stay a second witness.
+    step's statistics itself (`repro.engine.stats_tap`); the cached tokens stay a second witness.
     """
 
     prefix_cache_queries: int

@@ -15,10 +15,10 @@ import os
 from pathlib import Path
 
 from repro import KIT_SOURCE
-from repro.atomicio import write_bytes_atomic
-from repro.envinfo import kit_source_sha256
-from repro.errors import ReproError
+from repro.core.atomicio import write_bytes_atomic
+from repro.core.errors import ReproError
 from repro.evidence.archive import gzip_bytes, tar_bytes
+from repro.machine_facts import kit_source_sha256
 
 KIT_DIRS = ("repro", "schemas", "containers")
 KIT_FILES = ("pyproject.toml", "README.md")

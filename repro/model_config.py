@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from repro.errors import ReproError
-from repro.jsonread import parse_json_bytes, read_json
+from repro.core.errors import ReproError
+from repro.core.jsonread import parse_json_bytes, read_json
 
 RECURRENT_LAYER_NAMES = ("linear_attention", "mamba", "mamba2", "gated_deltanet")
 MTP_COUNT_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")

@@ -23,16 +23,16 @@ import os
 from pathlib import Path
 from typing import Any
 
-from repro import envinfo, runner, weights
+from repro import machine_facts, runner, weights
 from repro.arms.common import sampling_plan
-from repro.atomicio import sha256_file
 from repro.containers import DockerUnavailable, base, cuda, docker_client, images, pins
 from repro.containers import labels as label_keys
 from repro.containers.cuda import DEFAULT_VARIANT, LOCK_PYTHON
 from repro.containers.launch import profile_launch
 from repro.containers.refs import parse_vllm_ref
 from repro.containers.run import RunRequest
-from repro.errors import HardwareUnavailable
+from repro.core.atomicio import sha256_file
+from repro.core.errors import HardwareUnavailable
 from repro.installset import lock as lockmod
 from repro.preflight import GIB, check_hardware
 from repro.profiles import Profile
@@ -146,7 +146,7 @@ def image_pins(
             f"where the registry is reachable); until then the image is built on the local base"
         )
     pinned["base (local)"] = _local_base_pin(client, base)
-    kit = envinfo.collect_kit(Path(__file__).resolve().parent.parent)
+    kit = machine_facts.collect_kit(Path(__file__).resolve().parent.parent)
     pinned["kit"] = f"{kit.get('git_commit') or 'no git commit'}" + (
         " (clean)" if kit.get("dirty") is False else " (uncommitted changes: built anew)"
     )
@@ -224,7 +224,8 @@ def build_plan(
     run_id: str = "<run id>",
     host_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The plan of ``profile`` on a machine with ``hardware`` (``envinfo.collect_hardware()``).
+    """The plan of ``profile`` on a machine with ``hardware``
+    (``machine_facts.collect_hardware()``).
 
     Its container section is the `repro.containers.launch.Launch` that `run --container`
     starts for the same profile and output folder, with the image and run id not known yet
@@ -314,7 +315,7 @@ def build_plan(
         },
         "runs": _runs(profile),
         "sampling": sampling_plan(profile),
-        "environment": {**profile.engine_env(), "HF_HUB_OFFLINE": "1"},
+        "environment": {**profile.engine_variables(), "HF_HUB_OFFLINE": "1"},
         "weights": weights_section,
         "container": container,
         "memory_estimate": memory_estimate(profile),

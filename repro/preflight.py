@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from repro.errors import HardwareUnavailable
+from repro.core.errors import HardwareUnavailable
 from repro.profiles import Profile
 
 GIB = 1 << 30

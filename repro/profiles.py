@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from repro.errors import ReproError
-from repro.gpu_host import CPU_HOST_ENV, GPU_HOST_ENV
-from repro.jsonread import JSONUnreadable, parse_json_text
-from repro.vocabulary import ARMS, Arm, Device, Signal
+from repro.core.errors import ReproError
+from repro.core.jsonread import JSONUnreadable, parse_json_text
+from repro.core.vocabulary import ARMS, Arm, Device, Signal
+from repro.engine.process_vars import CPU_HOST_VARIABLES, GPU_HOST_VARIABLES
 
 # Upstream constants (docs/fidelity.md lists each, with the kit's value per profile).
 NUM_SPECULATIVE_TOKENS = 2
@@ -25,8 +25,8 @@ UPSTREAM_GPU_MEMORY_UTILIZATION = 0.8
 
 ENGINE_ENV = {
     # In-process engine: geometry is read from the scheduler and counters settle faster. A
-    # user's VLLM_ENABLE_V1_MULTIPROCESSING=1 wins (repro.gpu_host.USER_MAY_SET): the engine
-    # then reads its figures from the workers (repro.engine, docs/tp4.md).
+    # user's VLLM_ENABLE_V1_MULTIPROCESSING=1 wins (repro.engine.process_vars.USER_MAY_SET):
+    # the engine then reads its figures from the workers (repro.engine.llm, docs/tp4.md).
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
 }
 
@@ -69,7 +69,7 @@ class Profile:
     @property
     def answers(self) -> str:
         """How answers are sampled: "upstream" (needle: at most 24 tokens, stop at a newline)
-        or "fixed" (logprob: exactly `repro.geometry.LOGPROB_ANSWER_TOKENS`, EOS ignored)."""
+        or "fixed" (logprob: exactly `repro.arms.geometry.LOGPROB_ANSWER_TOKENS`, EOS ignored)."""
         return "upstream" if self.signal == "needle" else "fixed"
 
     def engine_settings(
@@ -125,10 +125,11 @@ class Profile:
             f"or pick one of those profiles"
         )
 
-    def engine_env(self) -> dict[str, str]:
-        """The engine's environment variables (`repro.gpu_host.apply_defaults`: those a user
-        may choose yield to the user's value). GPU profiles carry the GPU host's settings."""
-        host = GPU_HOST_ENV if self.device == "cuda" else CPU_HOST_ENV
+    def engine_variables(self) -> dict[str, str]:
+        """The engine's environment variables (`repro.engine.process_vars.apply_defaults`:
+        those a user may choose yield to the user's value). GPU profiles carry the GPU host's
+        settings."""
+        host = GPU_HOST_VARIABLES if self.device == "cuda" else CPU_HOST_VARIABLES
         return {**host, **ENGINE_ENV, **self.extra_env}
 
 

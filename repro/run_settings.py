@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from repro import connectors, runner
-from repro.errors import ReproError
+from repro.core.errors import ReproError
 from repro.profiles import parse_overrides
 
 # Each field that travels, in the order of the command line, and its flag.

@@ -2,7 +2,7 @@
 environment the engine ran in.
 
 Both travel between processes as JSON: the host hands each arm's `RunContext` to the engine
-process (on its stdin), and a run inside a container leaves its `Environment` in
+process (on its stdin), and a run inside a container leaves its `EngineFacts` in
 `FACTS_FILE` so that the host can still write an `error` record with the image's facts if
 the container dies mid-run. `to_json` and `from_json` are the only encoding, on both sides.
 """
@@ -16,24 +16,25 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from repro import envinfo, patching
+from repro import machine_facts
 from repro.artifact import redact_env
-from repro.clock import utc_text
 from repro.containers import labels as label_keys
-from repro.errors import ReproError
+from repro.core.clock import utc_text
+from repro.core.errors import ReproError
+from repro.core.vocabulary import Device
 from repro.profiles import MODEL_PROFILE_NAME, Profile, for_model, get_profile
-from repro.vocabulary import Device
+from repro.venv import patching
 
 # Set by the host for a run in one of the kit's images (repro/containers/run.py): the image's
 # id and labels as JSON. A process inside a container cannot see its own image.
 IMAGE_ENV = "REPRO_IMAGE"
-# Written by a run inside a container before its first arm: its `Environment`, which the host
+# Written by a run inside a container before its first arm: its `EngineFacts`, which the host
 # needs for an `error` record if the container dies mid-run.
 FACTS_FILE = ".container-facts.json"
 
 
 @dataclass(frozen=True)
-class Environment:
+class EngineFacts:
     """The facts of the interpreter and machine an engine runs in (shared by every arm)."""
 
     hardware: dict[str, Any]
@@ -46,21 +47,21 @@ class Environment:
     patches: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
-    def here(cls) -> Environment:
+    def here(cls) -> EngineFacts:
         """This interpreter's environment and machine, read now."""
-        software = envinfo.collect_software()
+        software = machine_facts.collect_software()
         return cls(
-            hardware=envinfo.collect_hardware(),
+            hardware=machine_facts.collect_hardware(),
             software=software,
-            location=envinfo.run_location(image_from_env()),
+            location=machine_facts.run_location(image_from_env()),
             environment=redact_env(),
             vllm_version=software["packages"].get("vllm") or "not installed",
             vllm_distribution=software["distributions"].get("vllm") or "vllm",
-            vllm_commit=envinfo.vllm_commit(),
+            vllm_commit=machine_facts.vllm_commit(),
             patches=patching.applied_patches(),
         )
 
-    def in_container(self, image: dict[str, Any] | None) -> Environment:
+    def in_container(self, image: dict[str, Any] | None) -> EngineFacts:
         """The same facts, located in a container of ``image`` (None: none started)."""
         return dataclasses.replace(
             self, location={**self.location, "kind": "container", "image": image}
@@ -70,11 +71,11 @@ class Environment:
         return json.dumps(dataclasses.asdict(self))
 
     @classmethod
-    def from_json(cls, text: str) -> Environment:
+    def from_json(cls, text: str) -> EngineFacts:
         return cls.from_dict(json.loads(text))
 
     @classmethod
-    def from_dict(cls, data: Any) -> Environment:
+    def from_dict(cls, data: Any) -> EngineFacts:
         """The decoded JSON object of `to_json` (also nested in a `RunContext`'s)."""
         return cls(**_fields(cls, data))
 
@@ -96,7 +97,7 @@ class RunContext:
     model_path: str
     overrides: dict[str, Any]
     fault_kind: str | None
-    environment: Environment | None = None
+    environment: EngineFacts | None = None
     # The KV connector of the APC run (`repro.connectors.Connector.to_json`), or None.
     connector: dict[str, Any] | None = None
     # The check of a GPU profile's weights against their pin (`repro.weights.model_pin`:
@@ -137,7 +138,7 @@ class RunContext:
     def started(self, at: str) -> RunContext:
         return dataclasses.replace(self, started_at=at)
 
-    def with_environment(self, environment: Environment) -> RunContext:
+    def with_environment(self, environment: EngineFacts) -> RunContext:
         return dataclasses.replace(self, environment=environment)
 
     def resolve_profile(self) -> Profile:
@@ -155,7 +156,7 @@ class RunContext:
         fields = _fields(cls, data, nested=("environment",))
         environment = data.get("environment")
         return cls(
-            **fields, environment=Environment.from_dict(environment) if environment else None
+            **fields, environment=EngineFacts.from_dict(environment) if environment else None
         )
 
 
@@ -182,7 +183,7 @@ def _fields(cls, data: Any, *, nested: tuple[str, ...] = ()) -> dict[str, Any]:
 
 def kit_facts() -> dict[str, Any]:
     """The kit's facts; inside an image, the commit its kit was copied from (its labels)."""
-    kit = envinfo.collect_kit(os.environ.get("REPRO_KIT_CHECKOUT"))
+    kit = machine_facts.collect_kit(os.environ.get("REPRO_KIT_CHECKOUT"))
     image = image_from_env()
     if kit["git_commit"] is None and image is not None:
         labels = image["labels"]
@@ -225,4 +226,4 @@ def image_from_env() -> dict[str, Any] | None:
     return found
 
 
-__all__ = ["FACTS_FILE", "IMAGE_ENV", "Environment", "RunContext", "image_from_env", "kit_facts"]
+__all__ = ["FACTS_FILE", "IMAGE_ENV", "EngineFacts", "RunContext", "image_from_env", "kit_facts"]

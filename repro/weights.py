@@ -36,11 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from repro.artifact import _describe, _validator, schema_path
-from repro.atomicio import sha256_file, write_json_atomic
-from repro.clock import utc_text
-from repro.errors import ReproError
-from repro.jsonread import JSONUnreadable, read_json
-from repro.redaction import scan_document
+from repro.core.atomicio import sha256_file, write_json_atomic
+from repro.core.clock import utc_text
+from repro.core.errors import ReproError
+from repro.core.jsonread import JSONUnreadable, read_json
+from repro.core.redaction import scan_document
 
 __all__ = [
     "ALLOW_PATTERNS",

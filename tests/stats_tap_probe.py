@@ -1,5 +1,5 @@
 """One request whose cache hit is taken on a prefill chunk that ends no request: the case
-where vLLM before 0.28.0 drops the step's statistics (repro.stats_tap).
+where vLLM before 0.28.0 drops the step's statistics (repro.engine.stats_tap).
 
 Run with an engine environment's python: `python tests/stats_tap_probe.py MODEL_DIR`. It
 prints one JSON line: the tap's totals, vLLM's own metrics, and what the kit reads.
@@ -15,7 +15,7 @@ import json
 import sys
 
 from repro.arms.common import start_engine
-from repro.engine import Counters, Sampling
+from repro.engine.llm import Counters, Sampling
 from repro.profiles import get_profile
 
 

@@ -10,8 +10,8 @@ import stat
 
 import pytest
 
-from repro import atomicio
-from repro.atomicio import sha256_file, write_json_atomic, write_text_atomic
+from repro.core import atomicio
+from repro.core.atomicio import sha256_file, write_json_atomic, write_text_atomic
 
 
 def names(directory):

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from test_installset import make_wheel
 
-from repro.atomicio import sha256_file
+from repro.core.atomicio import sha256_file
 
 REPO = Path(__file__).resolve().parent.parent
 PORT = REPO / "containers" / "patches" / "vllm-0.26.0-pr51113-mamba-chunk-split.diff"

@@ -420,7 +420,7 @@ def test_not_a_gzip_file(tmp_path):
 
 
 def test_streamed_atomic_output_keeps_the_old_file_on_failure(tmp_path):
-    from repro.atomicio import open_atomic
+    from repro.core.atomicio import open_atomic
 
     target = tmp_path / "image.tar"
     target.write_bytes(b"old archive")

@@ -247,12 +247,12 @@ def image_labels(ref: str, patches: str, kit_commit: str) -> dict[str, str]:
 def test_each_cuda_condition_finds_its_own_image_by_labels_or_names_its_build(
     tmp_path, monkeypatch
 ):
-    from repro import envinfo
+    from repro import machine_facts
 
     kit = {"git_commit": "k" * 40, "dirty": False}
-    monkeypatch.setattr(envinfo, "collect_kit", lambda repo: kit)
+    monkeypatch.setattr(machine_facts, "collect_kit", lambda repo: kit)
     monkeypatch.setattr(resolve.cuda, "default_lock_path", lambda *a: tmp_path / "no-lock.json")
-    from repro.atomicio import sha256_file
+    from repro.core.atomicio import sha256_file
 
     stock = Condition(name="stock", vllm="0.26.0", arms=("cold-race",), device="cuda")
     pr = Condition(

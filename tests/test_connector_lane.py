@@ -28,7 +28,7 @@ from user_connectors import USER_CONNECTOR
 
 from repro import evidence, ladder
 from repro.artifact import validate_artifact
-from repro.atomicio import sha256_file
+from repro.core.atomicio import sha256_file
 
 pytestmark = pytest.mark.engine
 

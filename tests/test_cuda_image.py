@@ -24,11 +24,11 @@ import pytest
 from folder_server import serve_folder
 from kept_images import remove_unless_kept
 
-from repro.atomicio import sha256_file
 from repro.containers import cuda
 from repro.containers import labels as label_keys
 from repro.containers.refs import InvalidRef
-from repro.errors import PatchError
+from repro.core.atomicio import sha256_file
+from repro.core.errors import PatchError
 from repro.installset import InstallSetError
 from repro.installset import lock as lockmod
 from repro.installset.host import Target
@@ -412,14 +412,14 @@ def _one_file_image(client, reference: str, labels: dict[str, str]):
 def test_the_plan_resolves_the_pins_made_here(docker_client, monkeypatch):
     """The local base's image id and the image built from the lock and the kit, asked of the
     real daemon; each described (how it gets made) when it is not here."""
-    from repro import envinfo, plan
+    from repro import machine_facts, plan
     from repro.containers import base
 
     _, recipe = base.RECIPES["ubuntu-noble"]
     tag = "repro-test/plan-base:noble"
     monkeypatch.setitem(base.RECIPES, "ubuntu-noble", (tag, recipe))
     kit = {"git_commit": OTHER_SHA, "dirty": False}
-    monkeypatch.setattr(envinfo, "collect_kit", lambda *a, **k: kit)
+    monkeypatch.setattr(machine_facts, "collect_kit", lambda *a, **k: kit)
 
     pins = plan.image_pins("0.26.0", "cu130", client=docker_client)["pins"]
     assert pins["base (local)"].startswith(f"{tag}: not made here yet")

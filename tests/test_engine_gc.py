@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parent.parent
 # In a fresh interpreter: the freeze is process-wide and would follow other tests around.
 PROBE = """
 import gc, weakref
-from repro.engine import freeze_long_lived_objects
+from repro.engine.llm import freeze_long_lived_objects
 
 class Node: pass
 dead = Node(); dead.me = dead          # a cycle only the collector can free

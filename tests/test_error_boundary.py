@@ -15,7 +15,7 @@ import pytest
 
 import repro.cli
 from repro.cli import main
-from repro.errors import ReproError
+from repro.core.errors import ReproError
 
 REPO = Path(__file__).resolve().parent.parent
 

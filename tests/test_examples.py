@@ -40,7 +40,7 @@ def test_example_validates_and_regrades_to_its_verdict(path):
 def test_example_logs_that_were_kept_match_their_recorded_hash(path):
     # Some H200 logs could not be brought back (8 files per call); the artifacts still hold
     # each log's size and sha256, and every log that is here must match them.
-    from repro.atomicio import sha256_file
+    from repro.core.atomicio import sha256_file
 
     for log in json.loads(path.read_text())["logs"]:
         kept = path.parent / log["path"]
@@ -151,7 +151,7 @@ def test_cuda_image_record_validates_and_its_check_agrees_with_its_labels(path):
     )
     assert labels["io.repro-kit.lock.sha256"] == record["lock"]["sha256"]
     # The build's whole log is kept beside its record (image-record-cold.json: build-cold.log).
-    from repro.atomicio import sha256_file
+    from repro.core.atomicio import sha256_file
 
     log = path.parent / path.name.replace("image-record", "build").replace(".json", ".log")
     assert sha256_file(log) == record["build"]["log"]["sha256"]

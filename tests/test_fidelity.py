@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from repro import answer_logprob, engine, geometry, grading, profiles, prompts
-from repro.arms import common
+from repro import answer_logprob, grading, profiles
+from repro.arms import common, geometry, prompts
+from repro.engine import llm as engine
 from repro.grading import Engagement, Liveness, RequestResult, Wave
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "fidelity.md"
@@ -224,11 +225,11 @@ def answer_line(p):
 
 def counter_reads(p):
     # In process (the profiles' engine setting), the first thing counters() does is one read.
-    assert p.engine_env()["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert p.engine_variables()["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     body = inspect.getsource(engine.Engine.counters).split('"""')[2]
     first = next(line.strip() for line in body.splitlines() if line.strip())
     assert first == "if self.in_process:" and "return self._read_counters()" in body
-    # ...of the tap's sums once it is attached at boot (repro.stats_tap).
+    # ...of the tap's sums once it is attached at boot (repro.engine.stats_tap).
     assert "SchedulerStatsTap.attach" in inspect.getsource(engine.Engine.__enter__)
     assert "return tapped" in inspect.getsource(engine.Engine._read_counters)
     return "one read after generate(), of every step's scheduler statistics summed"
@@ -301,7 +302,9 @@ VALUES = {
     "seed": lambda p: json.dumps(settings(p, "cold-race")["seed"]),
     "dtype": lambda p: settings(p, "cold-race").get("dtype", "auto"),
     "trust_remote_code": lambda p: json.dumps(settings(p, "cold-race")["trust_remote_code"]),
-    "VLLM_ENABLE_V1_MULTIPROCESSING": lambda p: p.engine_env()["VLLM_ENABLE_V1_MULTIPROCESSING"],
+    "VLLM_ENABLE_V1_MULTIPROCESSING": lambda p: p.engine_variables()[
+        "VLLM_ENABLE_V1_MULTIPROCESSING"
+    ],
     "cold_race.prompts": lambda p: f"{geometry.COLD_RACE_IDENTICAL_PROMPTS} identical",
     "cold_race.manual_tokens": lambda p: cold_race_manual_rule(p)[0],
     "cold_race.window": lambda p: (

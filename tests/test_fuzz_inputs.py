@@ -5,7 +5,7 @@ user or another lab supplies random and crafted input, and checks one property e
 reader answers with a value or its own named refusal (a `ReproError`), never another
 exception, and what it accepts is what it promises.
 
-- `repro.jsonread`: any bytes; valid JSON round-trips; nesting around the 64-level bound;
+- `repro.core.jsonread`: any bytes; valid JSON round-trips; nesting around the 64-level bound;
   NaN/Infinity and duplicate keys spliced into valid documents; every kind of path (FIFO,
   device, directory, link loop, dangling link, oversize file);
 - the conditions file (`repro.fanout.conditions.load`): TOML built from its keys, typos and
@@ -14,7 +14,7 @@ exception, and what it accepts is what it promises.
   printable bare word;
 - vLLM refs (`repro.containers.refs.parse_vllm_ref`): what it accepts is inert in a shell;
 - connector specs (`repro.connectors.parse`), with PATH.py files of random Python;
-- `--out` (`repro.output_paths.check_output`) over a tree of files, folders, links and FIFOs:
+- `--out` (`repro.core.output_paths.check_output`) over a tree of files, folders, links and FIFOs:
   it writes nothing, and what it allows is safe to write;
 - the CLI (`python -m repro` in a subprocess) with random argv for validate, kit-digest,
   report, compare, verify, bundle, plan, releases and an unknown command: exit 0, 1 or 2,
@@ -46,10 +46,10 @@ from hypothesis import strategies as st
 
 from repro import connectors
 from repro.containers.refs import InvalidRef, parse_vllm_ref
-from repro.errors import ReproError
+from repro.core.errors import ReproError
+from repro.core.jsonread import MAX_DEPTH, JSONUnreadable, parse_json_bytes, read_json
+from repro.core.output_paths import UnsafeOutput, check_output
 from repro.fanout import conditions
-from repro.jsonread import MAX_DEPTH, JSONUnreadable, parse_json_bytes, read_json
-from repro.output_paths import UnsafeOutput, check_output
 from repro.profiles import parse_overrides
 
 REPO = Path(__file__).resolve().parent.parent

@@ -6,8 +6,9 @@ import random
 
 import pytest
 
-from repro import geometry, profiles, prompts
-from repro.errors import GeometryUnsupported
+from repro import profiles
+from repro.arms import geometry, prompts
+from repro.core.errors import GeometryUnsupported
 
 
 def count_words(text: str) -> int:

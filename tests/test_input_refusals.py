@@ -20,8 +20,9 @@ from typing import Any, Literal
 
 import pytest
 
-from repro import engine_arg_types, model_config
-from repro.engine_arg_types import describe, fits
+from repro import model_config
+from repro.engine import arg_types as engine_arg_types
+from repro.engine.arg_types import describe, fits
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures" / "model-configs"
@@ -197,7 +198,7 @@ def test_every_setting_the_kits_profiles_pass_fits_the_check(engine_python):
     # No false refusal: what the kit itself gives vLLM, given as overrides, is taken.
     script = (
         "import json\n"
-        "from repro.engine_arg_types import check_overrides, engine_arg_fields\n"
+        "from repro.engine.arg_types import check_overrides, engine_arg_fields\n"
         "from repro.profiles import PROFILES\n"
         "fields, _ = engine_arg_fields()\n"
         "seen = 0\n"

@@ -1,4 +1,4 @@
-"""Every reader of JSON from outside the kit refuses what `repro.jsonread` refuses, by name.
+"""Every reader of JSON from outside the kit refuses what `repro.core.jsonread` refuses, by name.
 
 `tests/test_fuzz_inputs.py` fuzzes the loader itself; here each reader that goes through it
 is given the inputs issue 31 measured (bottomless nesting, NaN, duplicate keys, a list where
@@ -17,9 +17,9 @@ import pytest
 from repro import connectors, model_config, weights
 from repro.cli import main
 from repro.containers import handoff
+from repro.core.jsonread import JSONUnreadable
 from repro.evidence import contents
 from repro.evidence.bundle import MANIFEST_NAME
-from repro.jsonread import JSONUnreadable
 
 DEEP = b"[" * 100_000
 EXAMPLES = Path(__file__).parent.parent / "artifacts" / "examples"

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from repro.envinfo import kit_source_sha256
-from repro.errors import ReproError
+from repro.core.errors import ReproError
 from repro.kit_archive import write_kit_archive
+from repro.machine_facts import kit_source_sha256
 
 REPO = Path(__file__).resolve().parent.parent
 

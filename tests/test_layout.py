@@ -212,3 +212,29 @@ def test_code_cites_no_document_the_repository_lacks():
                 if not any(rest.startswith(h) for h in headings):
                     missing.append(f"{where}: {doc} has no section {rest!r}")
     assert not missing, "citations of what the repository does not have:\n" + "\n".join(missing)
+
+
+# --- layers (docs/design.md, §Layers) ------------------------------------------------------
+
+OUTSIDE_ENGINE = ("repro.arms", "repro.runner", "repro.evidence", "repro.fanout", "repro.cli")
+
+
+def _imports_of(package: str) -> dict[str, set[str]]:
+    graph = import_graph(REPO, "repro")
+    return {name: deps for name, deps in graph.items() if name.startswith(package)}
+
+
+def test_core_imports_nothing_of_the_kit_outside_core():
+    leaks = {
+        name: sorted(d for d in deps if not d.startswith("repro.core") and d != "repro")
+        for name, deps in _imports_of("repro.core").items()
+    }
+    assert not {name: deps for name, deps in leaks.items() if deps}
+
+
+def test_the_engine_package_imports_no_arm_runner_evidence_fanout_or_cli():
+    leaks = {
+        name: sorted(d for d in deps if d.startswith(OUTSIDE_ENGINE))
+        for name, deps in _imports_of("repro.engine").items()
+    }
+    assert not {name: deps for name, deps in leaks.items() if deps}

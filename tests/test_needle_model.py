@@ -16,8 +16,8 @@ import shutil
 
 import pytest
 
-from repro import prompts
-from repro.errors import ReproError
+from repro.arms import prompts
+from repro.core.errors import ReproError
 from repro.models import needle_data, needle_train, tiny_needle
 
 torch = pytest.importorskip("torch")

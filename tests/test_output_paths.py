@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from repro.cli import main
-from repro.output_paths import UnsafeOutput, check_output
+from repro.core.output_paths import UnsafeOutput, check_output
 
 EXAMPLE = (
     Path(__file__).resolve().parent.parent / "artifacts" / "examples" / "cpu-vllm-0.26.0-red-green"

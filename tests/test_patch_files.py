@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from repro import patching
-from repro.atomicio import sha256_file
+from repro.core.atomicio import sha256_file
+from repro.venv import patching
 
 CONTAINERS = Path(__file__).resolve().parent.parent / "containers"
 FOLDERS = (CONTAINERS / "patches", CONTAINERS / "reverts")

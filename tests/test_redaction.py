@@ -1,4 +1,4 @@
-"""One scanner and one redactor (repro.redaction) for logs, environment capture, records and
+"""One scanner and one redactor (repro.core.redaction) for logs, environment capture, records and
 bundles: what the scanner finds the redactor masks, in every place the kit writes."""
 
 from __future__ import annotations
@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from repro import redaction, runner
+from repro import runner
 from repro.artifact import redact_env
 from repro.containers import build
+from repro.core import redaction
+from repro.core.redaction import scan_document
 from repro.evidence import bundle
 from repro.evidence.runs import EvidenceError
 from repro.profiles import get_profile
-from repro.redaction import scan_document
 from repro.runcontext import RunContext
 
 FIXTURES = Path(__file__).parent / "fixtures" / "runs"
@@ -151,7 +152,7 @@ def test_a_log_holding_a_secret_is_not_bundled(tmp_path):
     log = run / "logs" / "cold-race.log"
     log.write_text(log.read_text() + SECRETS["GitHub token"] + "\n")
     doc = json.loads((run / "cold-race.json").read_text())
-    from repro.atomicio import sha256_file
+    from repro.core.atomicio import sha256_file
 
     entry = next(e for e in doc["logs"] if e["path"] == "logs/cold-race.log")
     entry["sha256"], entry["bytes"] = sha256_file(log), log.stat().st_size
@@ -171,7 +172,8 @@ def test_an_image_record_is_never_read_through_a_link(tmp_path):
 
 
 def test_the_run_artifact_schema_refuses_the_names_the_scanner_drops():
-    """One secret-name pattern: the schema's copy of it is `repro.redaction.SECRET_ENV_NAME`."""
+    """One secret-name pattern: the schema's copy of it is
+    `repro.core.redaction.SECRET_ENV_NAME`."""
     from repro.artifact import load_schema
 
     schema = load_schema("run-artifact", 1)

@@ -15,7 +15,7 @@ import pytest
 from tiny_runs import ARMS, run_tiny
 
 from repro import evidence, witness
-from repro.atomicio import sha256_file
+from repro.core.atomicio import sha256_file
 
 pytestmark = pytest.mark.engine
 
@@ -97,8 +97,8 @@ BOOT_LINE = "init engine (profile, create kv cache, warmup model) took"
 DERIVE_AND_CONTRADICT = """
 import json, sys, time
 from repro.arms.common import PhaseTimer, derive_block_size, start_engine
-from repro.engine import Sampling
-from repro.errors import GeometryUnsupported
+from repro.engine.llm import Sampling
+from repro.core.errors import GeometryUnsupported
 from repro.profiles import get_profile
 
 profile, model = get_profile("tiny"), sys.argv[1]

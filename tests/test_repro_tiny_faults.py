@@ -18,7 +18,7 @@ import pytest
 from tiny_runs import load, run_tiny
 
 from repro import evidence
-from repro.atomicio import sha256_file
+from repro.core.atomicio import sha256_file
 
 pytestmark = pytest.mark.engine
 

@@ -34,7 +34,7 @@ import pytest
 
 from repro import evidence
 from repro.artifact import validate_artifact
-from repro.atomicio import sha256_file
+from repro.core.atomicio import sha256_file
 from repro.evidence import verdicts
 
 pytestmark = pytest.mark.engine

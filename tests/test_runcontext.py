@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from repro.errors import ReproError
+from repro.core.errors import ReproError
 from repro.profiles import get_profile
-from repro.runcontext import Environment, RunContext
+from repro.runcontext import EngineFacts, RunContext
 
 
 def _context() -> RunContext:
@@ -28,16 +28,16 @@ def test_a_context_and_its_environment_survive_the_json_hand_off():
     context = _context()
     assert context.run_id == "r-cold-race" and context.kit["name"] == "repro-kit"
     assert RunContext.from_json(context.to_json()) == context
-    placed = context.with_environment(Environment.here()).started("2026-12-02T00:00:00Z")
+    placed = context.with_environment(EngineFacts.here()).started("2026-12-02T00:00:00Z")
     back = RunContext.from_json(placed.to_json())
-    assert back == placed and isinstance(back.environment, Environment)
+    assert back == placed and isinstance(back.environment, EngineFacts)
     assert back.started_at == "2026-12-02T00:00:00Z"
     assert back.resolve_profile().name == "tiny"
 
 
 def test_an_environment_moved_into_a_container_keeps_its_facts():
-    here = Environment.here()
-    moved = Environment.from_json(here.to_json()).in_container({"id": "sha256:" + "a" * 64})
+    here = EngineFacts.here()
+    moved = EngineFacts.from_json(here.to_json()).in_container({"id": "sha256:" + "a" * 64})
     assert moved.location["kind"] == "container" and moved.location["image"]["id"].endswith("a")
     assert moved.hardware == here.hardware and moved.software == here.software
 
@@ -49,13 +49,13 @@ def test_json_from_another_kit_version_is_refused_by_name():
     with pytest.raises(ReproError, match=r"missing \['model_path'\], unknown \['gpu_count'\]"):
         RunContext.from_json(json.dumps(data))
     with pytest.raises(ReproError, match="JSON object"):
-        Environment.from_json("[]")
+        EngineFacts.from_json("[]")
 
 
 def test_a_nested_environment_from_another_kit_version_is_refused_by_name():
-    data = json.loads(_context().with_environment(Environment.here()).to_json())
+    data = json.loads(_context().with_environment(EngineFacts.here()).to_json())
     data["environment"]["gpu_count"] = 1
-    with pytest.raises(ReproError, match=r"Environment JSON .* unknown \['gpu_count'\]"):
+    with pytest.raises(ReproError, match=r"EngineFacts JSON .* unknown \['gpu_count'\]"):
         RunContext.from_json(json.dumps(data))
 
 

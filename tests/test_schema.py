@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
-from repro import artifact, vocabulary
+from repro import artifact
 from repro.artifact import (
     ArtifactContainsSecrets,
     ArtifactInvalid,
@@ -24,7 +24,8 @@ from repro.artifact import (
     validate_artifact,
     write_artifact,
 )
-from repro.redaction import scan, scan_document
+from repro.core import vocabulary
+from repro.core.redaction import scan, scan_document
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = Path(__file__).parent / "fixtures" / "artifact-example.json"
@@ -656,7 +657,7 @@ def test_a_run_refuses_before_any_engine_when_timestamps_cannot_be_checked(tmp_p
     from jsonschema import FormatChecker
 
     from repro import runner
-    from repro.errors import ValidationUnavailable
+    from repro.core.errors import ValidationUnavailable
     from repro.profiles import get_profile
 
     without = FormatChecker(

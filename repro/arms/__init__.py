@@ -1,9 +1,7 @@
-"""The two corruption arms. Each runs an APC-on engine and an APC-off control on the same
-prompts and returns the paired figures; `repro.grading` turns them into a verdict."""
+"""The two corruption arms, with the prompts and sizes they are built from. Each arm runs an
+APC-on engine and an APC-off control on the same prompts and returns the paired figures;
+`repro.grading` turns them into a verdict.
 
-from repro.arms.cold_race import run_cold_race
-from repro.arms.multi_turn import run_multi_turn
-
-ARM_RUNNERS = {"cold-race": run_cold_race, "multi-turn": run_multi_turn}
-
-__all__ = ["ARM_RUNNERS", "run_cold_race", "run_multi_turn"]
+This package's own import is empty on purpose: `repro.arms.prompts` and `repro.arms.geometry`
+are pure and read by the evidence side, which must not load the engine modules the arms use.
+The runner maps arm names to their functions (`repro.runner.ARM_RUNNERS`)."""

@@ -18,7 +18,8 @@ counters. `docs/fidelity.md` lists every rule.
 
 from __future__ import annotations
 
-from repro import answer_logprob, geometry, grading, prompts
+from repro import answer_logprob, grading
+from repro.arms import geometry, prompts
 from repro.arms.common import (
     ArmResult,
     PhaseTimer,

@@ -8,10 +8,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from repro import answer_logprob, geometry, grading, prompts
+from repro import answer_logprob, grading
+from repro.arms import geometry, prompts
 from repro.connectors import Connector
-from repro.engine import Completion, Counters, Engine, Geometry, Sampling
-from repro.engine_config import derived_mamba_block_size
+from repro.engine.config import derived_mamba_block_size
+from repro.engine.llm import Completion, Counters, Engine, Geometry, Sampling
 from repro.profiles import Profile
 
 
@@ -130,7 +131,7 @@ def start_engine(
         model=model_path,
         settings=settings,
         optional_settings=profile.optional_settings,
-        env=profile.engine_env(),
+        env=profile.engine_variables(),
         expected_mamba_block_size=mamba_block_size,
     )
 
@@ -139,7 +140,7 @@ def derive_block_size(profile: Profile, model_path: str, timer: PhaseTimer) -> i
     """Mamba block size B of this model on this engine, for budgets given in blocks.
 
     Derived from vLLM's configuration for an APC engine with the multi-turn settings (an
-    absolute budget), without loading weights (`repro.engine_config`); the booted cold-race
+    absolute budget), without loading weights (`repro.engine.config`); the booted cold-race
     engine confirms it. None for profiles whose budgets are absolute.
     """
     if profile.cold_race_budget_blocks is None:
@@ -149,7 +150,7 @@ def derive_block_size(profile: Profile, model_path: str, timer: PhaseTimer) -> i
         model=model_path,
         settings=profile.engine_settings(arm="multi-turn", prefix_caching=True),
         optional_settings=profile.optional_settings,
-        env=profile.engine_env(),
+        env=profile.engine_variables(),
     )
     timer.add("derive", seconds)
     return block_size

@@ -17,7 +17,7 @@ same second-turn strings with prefix caching off. `docs/fidelity.md` lists every
 
 from __future__ import annotations
 
-from repro import geometry, prompts
+from repro.arms import geometry, prompts
 from repro.arms.common import (
     ArmResult,
     PhaseTimer,
@@ -31,7 +31,7 @@ from repro.arms.common import (
     with_reference,
 )
 from repro.connectors import Connector
-from repro.engine import Sampling
+from repro.engine.llm import Sampling
 from repro.profiles import Profile
 
 ARM = "multi-turn"

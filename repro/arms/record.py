@@ -18,14 +18,14 @@ from repro.profiles import Profile
 from repro.vllm_plugin.fault_injection import fault_scale
 
 if TYPE_CHECKING:
-    from repro.runcontext import Environment, RunContext
+    from repro.runcontext import EngineFacts, RunContext
 
 
 def base_document(
     *,
     arm: str,
     context: RunContext,
-    environment: Environment,
+    environment: EngineFacts,
     profile: Profile,
 ) -> dict[str, Any]:
     """The sections every record has, whatever the outcome; ``environment`` is where the arm
@@ -77,7 +77,7 @@ def _fault_section(fault_kind: str | None) -> dict[str, Any]:
 def engine_section(
     *,
     context: RunContext,
-    environment: Environment,
+    environment: EngineFacts,
     apc: RunRecord | None,
     control: RunRecord | None,
 ) -> dict[str, Any]:
@@ -109,7 +109,7 @@ def fill_result(
     verdict: grading.Verdict,
     *,
     context: RunContext,
-    environment: Environment,
+    environment: EngineFacts,
 ) -> None:
     doc["engine"] = engine_section(
         context=context, environment=environment, apc=result.apc, control=result.control
@@ -176,7 +176,7 @@ def ladder_section(
     verdict: grading.Verdict,
     *,
     context: RunContext,
-    environment: Environment,
+    environment: EngineFacts,
 ) -> dict[str, Any]:
     """The connector ladder (`repro.ladder`): the reference rung (APC on, no connector) as
     its own figures against the same control, and what the connector did on the rung of

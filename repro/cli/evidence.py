@@ -14,12 +14,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from repro.atomicio import write_text_atomic
 from repro.containers import docker_client, handoff
-from repro.errors import ReproError
+from repro.core.atomicio import write_text_atomic
+from repro.core.errors import ReproError
+from repro.core.output_paths import check_output
 from repro.evidence import bundle, compare, report
 from repro.evidence.verify import load_runs, verify_bundle
-from repro.output_paths import check_output
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:

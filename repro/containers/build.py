@@ -27,15 +27,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse, urlsplit, urlunsplit
 
-from repro import __version__, envinfo, redaction
+from repro import __version__, machine_facts
 from repro.artifact import _describe, _validator
-from repro.atomicio import sha256_file, write_json_atomic
-from repro.clock import utc_text
 from repro.containers import labels as label_keys
 from repro.containers import pins as pins_mod
 from repro.containers.handoff import DEFAULT_IMAGES_DIR as IMAGES_DIR
 from repro.containers.refs import parse_vllm_ref
-from repro.errors import ReproError
+from repro.core import redaction
+from repro.core.atomicio import sha256_file, write_json_atomic
+from repro.core.clock import utc_text
+from repro.core.errors import ReproError
 
 REPO = Path(__file__).resolve().parent.parent.parent
 # The Python of the CPU image's base (Debian bookworm's).
@@ -420,7 +421,7 @@ def build_cpu_image(
     torch_version = torch_version or pins_mod.torch_pin(pins, "cpu", vllm_version)
     build_args = cpu_build_args(base=base, vllm_version=vllm_version, torch_version=torch_version)
     base_image = local_base(client, base, next_step="make one: python -m repro base-image")
-    kit = envinfo.collect_kit(REPO)
+    kit = machine_facts.collect_kit(REPO)
     vllm_ref = build_args["VLLM_CPU_VERSION"]
     labels = oci_labels("cpu", vllm_ref, (base, base_image.id), torch_version, kit)
     python_tag = _python_tag(client, base)

@@ -39,17 +39,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from repro import envinfo, patching
-from repro.atomicio import sha256_file
+from repro import machine_facts
 from repro.containers import base as base_mod
 from repro.containers import build as build_mod
 from repro.containers import labels as label_keys
 from repro.containers import pins as pins_mod
 from repro.containers.imagecheck import ImageCheckFailed, check_image
 from repro.containers.refs import VllmRef, parse_vllm_ref
-from repro.errors import ReproError
+from repro.core.atomicio import sha256_file
+from repro.core.errors import ReproError
 from repro.installset.host import Target, python_tag
 from repro.installset.lock import FORMAT, ORIGINS, locked_packages, read_lock
+from repro.venv import patching
 
 DOCKERFILE = build_mod.REPO / "containers" / "cuda.Dockerfile"
 DEFAULT_VARIANT = "cu130"
@@ -458,7 +459,7 @@ def build_cuda_image(
             f"the base {chosen.name} has Python {chosen.python}, the lock is for "
             f"{lock['python']['version']} ({lock_path}); they must match"
         )
-    kit = envinfo.collect_kit(build_mod.REPO)
+    kit = machine_facts.collect_kit(build_mod.REPO)
     epoch = build_mod.commit_epoch(kit.get("git_commit"))
     patch_records = [{"path": p.name, "sha256": sha256_file(p)} for p in patches]
     labels = labels_for(source, lock, lock_sha, chosen, patch_records, kit)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from repro.errors import ReproError
+from repro.core.errors import ReproError
 
 if TYPE_CHECKING:
     import docker

@@ -45,10 +45,10 @@ from typing import Any, BinaryIO
 
 from repro import KIT_SOURCE, __version__
 from repro.artifact import schema_violations
-from repro.atomicio import open_atomic, sha256_stream, write_json_atomic, write_text_atomic
-from repro.clock import utc_text
-from repro.errors import ReproError
-from repro.jsonread import JSONUnreadable, parse_json_bytes, read_json, read_json_bytes
+from repro.core.atomicio import open_atomic, sha256_stream, write_json_atomic, write_text_atomic
+from repro.core.clock import utc_text
+from repro.core.errors import ReproError
+from repro.core.jsonread import JSONUnreadable, parse_json_bytes, read_json, read_json_bytes
 
 DEFAULT_IMAGES_DIR = KIT_SOURCE / "artifacts" / "images"
 _CHUNK = 8 << 20

@@ -18,8 +18,8 @@ from typing import Any
 
 from repro import __version__
 from repro.containers import labels as label_keys
-from repro.envinfo import kit_source_sha256
-from repro.errors import ReproError
+from repro.core.errors import ReproError
+from repro.machine_facts import kit_source_sha256
 
 
 class ImageCheckFailed(ReproError):

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from repro import envinfo
-from repro.atomicio import sha256_file
+from repro import machine_facts
 from repro.containers import base as base_mod
 from repro.containers import build, cuda, handoff
 from repro.containers import labels as label_keys
-from repro.errors import ReproError
+from repro.core.atomicio import sha256_file
+from repro.core.errors import ReproError
 
 
 class ImageMissing(ReproError):
@@ -105,7 +105,7 @@ def ensure_cpu_image(
     # lazy: docker-py, needed only where a Docker daemon is used
     import docker
 
-    kit = envinfo.collect_kit(build.REPO)
+    kit = machine_facts.collect_kit(build.REPO)
     found = [
         image
         for image in find_cpu_images(client, vllm_version=vllm_version, kit=kit)
@@ -176,7 +176,7 @@ def ensure_cuda_image(
             f"no CUDA image can be picked or built for vLLM {vllm_ref}: its wheel lock "
             f"{lock_path} is missing; make it with `nox -s cuda-lock -- --vllm {vllm_ref}`"
         )
-    kit = envinfo.collect_kit(build.REPO)
+    kit = machine_facts.collect_kit(build.REPO)
     found = find_cuda_images(
         client,
         vllm_ref=vllm_ref,

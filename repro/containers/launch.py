@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from repro.gpu_host import SHARED_CORES_ENV, gpu_host_env
+from repro.engine.process_vars import SHARED_CORES_VARIABLES, gpu_host_variables
 from repro.profiles import get_profile
 from repro.run_settings import RunSettings
 from repro.runcontext import IMAGE_ENV
@@ -140,9 +140,9 @@ def profile_launch(
         environment[IMAGE_ENV] = image_env
     if profile.device == "cuda":
         # The host's own values of the NVLink switches, where set, else the kit's defaults.
-        environment.update(gpu_host_env(host_env))
+        environment.update(gpu_host_variables(host_env))
     # A host whose engines share its cores (the test suite) waits passively in here too.
-    environment.update({k: host_env[k] for k in SHARED_CORES_ENV if k in host_env})
+    environment.update({k: host_env[k] for k in SHARED_CORES_VARIABLES if k in host_env})
     if weights_pin is not None:  # the host's check of the mounted weights
         environment[PIN_ENV] = json.dumps(weights_pin, sort_keys=True)
     mounts = (

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from repro.errors import ReproError
+from repro.core.errors import ReproError
 
 PINS_FILE = Path(__file__).resolve().parent.parent.parent / "containers" / "base-images.json"
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")

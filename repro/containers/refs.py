@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from repro.errors import ReproError
+from repro.core.errors import ReproError
 
 _RELEASE = re.compile(r"^\d+\.\d+(\.\d+){0,2}((rc|a|b)\d+)?(\.post\d+)?(\.dev\d+)?$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from repro import envinfo, redaction, runner
+from repro import machine_facts, runner
 from repro.artifact import ArtifactInvalid, redact_env, validate_artifact
 from repro.connectors import Connector
 from repro.containers import labels as label_keys
@@ -39,10 +39,11 @@ from repro.containers.launch import (
     Mount,
     profile_launch,
 )
-from repro.errors import ReproError
+from repro.core import redaction
+from repro.core.errors import ReproError
 from repro.models import tinymodel
 from repro.profiles import Profile, get_profile
-from repro.runcontext import FACTS_FILE, Environment, RunContext
+from repro.runcontext import FACTS_FILE, EngineFacts, RunContext
 
 CONTAINER_CACHE = "/cache"
 # Every container the kit starts carries this label (value: the run id), so that one left by a
@@ -422,11 +423,11 @@ def _own_record(out_dir: Path, arm: str, image: ImageFacts) -> dict[str, Any] | 
     return doc
 
 
-def _container_environment(out_dir: Path, image: ImageFacts) -> Environment:
+def _container_environment(out_dir: Path, image: ImageFacts) -> EngineFacts:
     """The image environment's facts (written by the run inside before its first arm); where
     the container died before that, this host's hardware and the image's labels only."""
     try:
-        written = Environment.from_json((out_dir / FACTS_FILE).read_text())
+        written = EngineFacts.from_json((out_dir / FACTS_FILE).read_text())
         return written.in_container(image.as_record())
     except (OSError, ValueError, ReproError):
         pass  # not written (or cut short): what the host knows, below
@@ -435,15 +436,15 @@ def _container_environment(out_dir: Path, image: ImageFacts) -> Environment:
     vllm = labels.get(label_keys.VLLM_REF) or None
     distribution = labels.get(label_keys.VLLM_DISTRIBUTION) or None
     torch = labels.get(label_keys.TORCH)
-    return Environment(
-        hardware=envinfo.collect_hardware(),
+    return EngineFacts(
+        hardware=machine_facts.collect_hardware(),
         # The image never reported its own environment: only what its labels pin is known.
         software={
             "python": labels.get(label_keys.PYTHON) or "not reported (container died first)",
             "packages": {"vllm": vllm, "torch": torch if torch not in (None, "unpinned") else None},
             "distributions": {"vllm": distribution, "torch": "torch" if torch else None},
         },
-        location=envinfo.run_location(None),
+        location=machine_facts.run_location(None),
         environment=redact_env({"HF_HUB_OFFLINE": "1", "REPRO_IN_CONTAINER": "1"}),
         vllm_version=vllm or "not reported",
         vllm_distribution=distribution or "vllm",
@@ -464,7 +465,7 @@ def no_container_records(request: RunRequest, *, error: ReproError) -> dict[str,
         model_path=CONTAINER_MODEL,  # where the model would have been mounted
         logs=lambda _arm: [CONTAINER_LOG],
         # This host's facts, in the container that never started.
-        environment=Environment.here().in_container(None),
+        environment=EngineFacts.here().in_container(None),
         error_type=type(error).__name__,
     )
 
@@ -476,7 +477,7 @@ def _error_records(
     run_id: str,
     model_path: str,
     logs: Callable[[str], list[str]],
-    environment: Environment,
+    environment: EngineFacts,
     error_type: str,
     duration_s: float = 0.0,
 ) -> dict[str, dict[str, Any]]:

@@ -40,11 +40,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from repro import __version__, redaction
+from repro import __version__
 from repro.artifact import schema_violations
-from repro.atomicio import write_bytes_atomic, write_text_atomic
-from repro.clock import utc_text
 from repro.containers.handoff import DEFAULT_IMAGES_DIR, find_image_record
+from repro.core import redaction
+from repro.core.atomicio import write_bytes_atomic, write_text_atomic
+from repro.core.clock import utc_text
 from repro.evidence.archive import gzip_bytes, tar_bytes
 from repro.evidence.report import render
 from repro.evidence.runs import (

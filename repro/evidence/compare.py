@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from repro import witness
+from repro.core.vocabulary import ARMS
 from repro.evidence import report
 from repro.evidence.runs import EvidenceError, Run
 from repro.evidence.verify import load_runs
-from repro.vocabulary import ARMS
 
 # Environment entries that differ by construction (the run's own context, this checkout).
 _UNCOMPARED_ENV = frozenset({"REPRO_RUN_CONTEXT", "REPRO_KIT_CHECKOUT"})

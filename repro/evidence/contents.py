@@ -13,13 +13,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from repro import __version__, redaction
+from repro import __version__
 from repro.artifact import schema_violations
+from repro.core import redaction
+from repro.core.jsonread import JSONUnreadable, parse_json_bytes
 from repro.evidence.bundle import MANIFEST_NAME, SUMMARY_NAME, log_excerpt
 from repro.evidence.report import render
 from repro.evidence.runs import JSON_KINDS, runs_from_files
 from repro.evidence.verdicts import check_verdict
-from repro.jsonread import JSONUnreadable, parse_json_bytes
 
 
 @dataclass

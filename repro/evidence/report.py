@@ -16,9 +16,9 @@ from __future__ import annotations
 from typing import Any
 
 from repro import __version__, answer_logprob, confidence, ladder, witness
+from repro.core.vocabulary import ARMS
 from repro.evidence.runs import Run
 from repro.evidence.verdicts import answer_line
-from repro.vocabulary import ARMS
 
 ARM_TITLES = {"cold-race": "Cold-race", "multi-turn": "Multi-turn"}
 MARK = {"corrupted": "🔴", "clean": "✅", "inconclusive": "⚠️", "error": "❌"}
@@ -328,7 +328,7 @@ def render_run(run: Run) -> list[str]:
 
 def counters_source_text(run: Run) -> str:
     """Where the APC runs' counters came from, and how far vLLM's own metrics fell behind
-    them (`repro.stats_tap`: before 0.28.0 vLLM drops the statistics of steps without
+    them (`repro.engine.stats_tap`: before 0.28.0 vLLM drops the statistics of steps without
     outputs)."""
     reads = {
         arm: (doc.get("counters") or {}).get("read", {}).get("apc")

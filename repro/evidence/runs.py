@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from repro.artifact import schema_violations
-from repro.errors import ReproError
-from repro.jsonread import JSONUnreadable, parse_json_bytes, read_json, read_json_bytes
-from repro.vocabulary import ARMS
+from repro.core.errors import ReproError
+from repro.core.jsonread import JSONUnreadable, parse_json_bytes, read_json, read_json_bytes
+from repro.core.vocabulary import ARMS
 
 IMAGE_RECORD_NAME = "image-record.json"
 IMAGE_IMPORT_NAME = "image-import.json"
@@ -37,7 +37,7 @@ class EvidenceError(ReproError):
 
 @dataclass
 class Run:
-    """One run: its artifacts by arm (in `repro.vocabulary.ARMS` order) and the records that
+    """One run: its artifacts by arm (in `repro.core.vocabulary.ARMS` order) and the records that
     travel with it."""
 
     label: str

@@ -22,7 +22,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from repro import answer_logprob, grading, ladder, prompts
+from repro import answer_logprob, grading, ladder
+from repro.arms import prompts
 from repro.evidence.runs import EvidenceError
 
 

@@ -19,7 +19,7 @@ once and the member contents once, nothing else of that size) and checks, in ord
    code (`repro.evidence.verdicts`); a verdict that does not follow is named;
 7. each log an artifact records is present with the sha256 the artifact recorded; each log
    excerpt is the excerpt of its log; the run list matches the artifacts, one artifact per
-   arm and run; no member holds what `repro.redaction` takes for a credential;
+   arm and run; no member holds what `repro.core.redaction` takes for a credential;
 8. the uncompressed tar is byte for byte what `repro.evidence.bundle` writes for these
    contents (so a changed byte anywhere, even in padding or a header field, is found), and
    ``SUMMARY.md`` is this kit's rendering of the artifacts (a warning, not a failure, where

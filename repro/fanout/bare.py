@@ -5,7 +5,7 @@
 
 Each `--parts` folder is one install set (`python -m repro.installset build`), carried to the
 host. A condition runs on the set whose vLLM release it names, installed once per (set, patch
-set) into a reused tree (`repro.host_tree`, `python -m repro host-install`), with this host's
+set) into a reused tree (`repro.venv.host_tree`, `python -m repro host-install`), with this host's
 python: the cells run one after another, each `python -m repro run` with the tree on
 PYTHONPATH. Everything else is the local matrix's: a finished cell with the same content
 hash is kept, so when the machine goes away mid-way, the same command on a new one (the
@@ -22,10 +22,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from repro import host_tree
-from repro.errors import ReproError
+from repro.core.errors import ReproError
 from repro.fanout import cell
 from repro.fanout.conditions import BadCondition, Condition
+from repro.venv import host_tree
 
 
 class BareOptionsError(ReproError):

@@ -29,15 +29,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from repro import KIT_SOURCE, engine_env
+from repro import KIT_SOURCE
 from repro.artifact import schema_violations
-from repro.atomicio import write_json_atomic
-from repro.clock import utc_text
-from repro.errors import ReproError
+from repro.core.atomicio import write_json_atomic
+from repro.core.clock import utc_text
+from repro.core.errors import ReproError
 from repro.fanout import cell
 from repro.fanout.conditions import Condition
 from repro.profiles import parse_overrides
-from repro.vocabulary import ARMS
+from repro.venv import engine_venvs
 
 SKIPPED = ("inconclusive", "error")
 
@@ -224,30 +224,30 @@ def commit_env(commit: str, wheel_url: str, *, kit_source: Path, log=print) -> P
     import subprocess
 
     path = (
-        engine_env.cache_root()
+        engine_venvs.cache_root()
         / "envs"
         / (f"vllm-commit-{commit[:12]}-py{sys.version_info.major}.{sys.version_info.minor}")
     )
-    marker = path / engine_env.MARKER
+    marker = path / engine_venvs.MARKER
     if marker.is_file():
-        return engine_env.env_python(path)
+        return engine_venvs.env_python(path)
     if path.exists():
         import shutil
 
         shutil.rmtree(path)
     log(f"[bisect] making engine environment {path} from {wheel_url}")
     subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
-    python = str(engine_env.env_python(path))
+    python = str(engine_venvs.env_python(path))
     for args in (
         ["install", "--progress-bar", "off", wheel_url],
-        ["uninstall", "--yes", "--quiet", *engine_env.BROKEN_EXTRAS],
+        ["uninstall", "--yes", "--quiet", *engine_venvs.BROKEN_EXTRAS],
         ["install", "--quiet", str(kit_source)],
     ):
         done = subprocess.run([python, "-m", "pip", *args], check=False)
         if done.returncode != 0 and args[0] == "install":
             raise BisectError(f"pip {' '.join(args)} failed in {path} (exit {done.returncode})")
     write_json_atomic(marker, {"vllm_wheel": wheel_url, "vllm_commit": commit, "patches": []})
-    return engine_env.env_python(path)
+    return engine_venvs.env_python(path)
 
 
 # --- command ------------------------------------------------------------------------------------
@@ -269,7 +269,7 @@ def cmd_bisect(args) -> int:
         ]
         refs = commit_refs(args.bad, args.good, commits)
     else:
-        refs = release_refs(args.bad, args.good, engine_env.index_releases())
+        refs = release_refs(args.bad, args.good, engine_venvs.index_releases())
     overrides = parse_overrides(args.override)
     log(f"[bisect] {len(refs)} refs from bad {refs[0]} to good {refs[-1]}: {' '.join(refs)}")
 
@@ -350,19 +350,3 @@ def cmd_bisect(args) -> int:
     )
     print(result["first_changed"] or "")
     return 0 if result["first_changed"] else 1
-
-
-def add_parser(sub) -> None:
-    from repro.profiles import PROFILES
-
-    b = sub.add_parser("bisect", help="the first ref whose verdict differs from the bad end's")
-    b.add_argument("--arm", required=True, choices=list(ARMS))
-    b.add_argument("--bad", required=True, help="the ref with the verdict to search away from")
-    b.add_argument("--good", required=True, help="the ref known to differ")
-    b.add_argument("--out", type=Path, required=True)
-    b.add_argument("--profile", default="tiny", choices=sorted(PROFILES))
-    b.add_argument("--patch", action="append", type=Path, default=[], help="on every probe")
-    b.add_argument("--override", action="append", default=[], metavar="KEY=JSON")
-    b.add_argument("--arm-timeout", type=float, default=None)
-    b.add_argument("--commits", type=Path, help="main commits, one sha a line, history order")
-    b.add_argument("--wheel-index", help="per-commit wheel index: URL/<sha>/ lists its wheels")

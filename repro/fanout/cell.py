@@ -4,10 +4,10 @@ The run directory is the one `repro tiny --out` writes (one `<arm>.json` per arm
 plus `condition.json`: the condition and its content hash, which a re-run of the matrix reads
 to decide whether the cell is finished and still means the same thing.
 
-The engine environment is made or reused through `repro.engine_env` (one per release and patch
-set). Everything that stops a cell before or during its run ends in `error` records written
-here (`repro.runner.write_error_record`) that keep the cell's log: an unknown release, a
-patch that does not apply, a half-made environment, a run process that died, a Slurm job that
+The engine environment is made or reused through `repro.venv.engine_venvs` (one per release and
+patch set). Everything that stops a cell before or during its run ends in `error` records
+written here (`repro.runner.write_error_record`) that keep the cell's log: an unknown release,
+a patch that does not apply, a half-made environment, a run process that died, a Slurm job that
 failed or was cancelled (see repro.fanout.slurm).
 """
 
@@ -21,14 +21,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from repro import KIT_SOURCE, engine_env, patching, repeats, runner
-from repro.atomicio import write_json_atomic
-from repro.errors import PatchError, ReproError
+from repro import KIT_SOURCE, repeats, runner
+from repro.core.atomicio import write_json_atomic
+from repro.core.errors import PatchError, ReproError
 from repro.fanout import conditions
 from repro.fanout.conditions import BadCondition, Condition
 from repro.profiles import get_profile
 from repro.run_settings import RunSettings
-from repro.runcontext import Environment, RunContext
+from repro.runcontext import EngineFacts, RunContext
+from repro.venv import engine_venvs, patching
 
 CONDITION_FILE = "condition.json"
 CELL_LOG = "logs/cell.log"
@@ -53,13 +54,13 @@ def _recently_changed(path: Path) -> bool:
 
 def wait_for_env(version: str, patches: list[Path], *, log=print, wait_s: float = ENV_WAIT_S):
     """Wait while another process makes the environment (its marker not yet written)."""
-    path = engine_env.env_dir(version, patches)
+    path = engine_venvs.env_dir(version, patches)
     deadline = time.monotonic() + wait_s
     said = False
-    while path.exists() and not (path / engine_env.MARKER).is_file() and _recently_changed(path):
+    while path.exists() and not (path / engine_venvs.MARKER).is_file() and _recently_changed(path):
         if time.monotonic() > deadline:
             raise EnvironmentBusy(
-                f"{path} has had no {engine_env.MARKER} marker for {wait_s:.0f} s while its "
+                f"{path} has had no {engine_venvs.MARKER} marker for {wait_s:.0f} s while its "
                 f"files keep changing: another process is making it; re-run when it is done"
             )
         if not said:
@@ -71,23 +72,23 @@ def wait_for_env(version: str, patches: list[Path], *, log=print, wait_s: float 
 def prepare_env(condition: Condition, *, kit_source: Path, log=print) -> tuple[Path, str]:
     """The condition's engine python, and whether its environment was 'made' or 'reused'."""
     version = cpu_release(condition)
-    engine_env.check_release(version)
+    engine_venvs.check_release(version)
     patches = list(condition.patches)
     wait_for_env(version, patches, log=log)
-    path = engine_env.env_dir(version, patches)
-    state = "reused" if (path / engine_env.MARKER).is_file() else "made"
+    path = engine_venvs.env_dir(version, patches)
+    state = "reused" if (path / engine_venvs.MARKER).is_file() else "made"
     if patches and state == "made":
         # Refused against the unpatched environment before its (slow) hard-link clone.
         wait_for_env(version, [], log=log)
-        base = engine_env.ensure_engine_env(version, [], kit_source=kit_source, log=log)
-        site = engine_env._site_packages(base.parent.parent)
+        base = engine_venvs.ensure_engine_env(version, [], kit_source=kit_source, log=log)
+        site = engine_venvs._site_packages(base.parent.parent)
         for patch in patches:
             patching.check_applies(patch, site)
     try:
-        python = engine_env.ensure_engine_env(version, patches, kit_source=kit_source, log=log)
+        python = engine_venvs.ensure_engine_env(version, patches, kit_source=kit_source, log=log)
     except PatchError:
         # The clone the patch was refused in is this condition's own; never the base's.
-        if patches and path.exists() and not (path / engine_env.MARKER).is_file():
+        if patches and path.exists() and not (path / engine_venvs.MARKER).is_file():
             shutil.rmtree(path, ignore_errors=True)
         raise
     return python, state
@@ -151,7 +152,7 @@ def write_cell_errors(
     profile = get_profile(profile_name)
     arm_list = arms or list(condition.arms or profile.arms)
     run_id = runner.new_run_id()
-    environment = Environment.here()
+    environment = EngineFacts.here()
     docs = {}
     for arm in arm_list:
         context = RunContext.new(
@@ -202,9 +203,9 @@ def fail_without_engine(
 def weights_path(profile, *, in_image: bool) -> str:
     """A GPU profile's pinned snapshot: in the kit's image where the Slurm executor mounts it
     (repro.plan's weights mount), or in this host's weights cache."""
-    from repro import envinfo, plan
+    from repro import machine_facts, plan
 
-    doc = plan.build_plan(profile, hardware=envinfo.collect_hardware())
+    doc = plan.build_plan(profile, hardware=machine_facts.collect_hardware())
     if in_image:
         return doc["container"]["model_path"]
     snapshot = doc["weights"]["snapshot"] if doc.get("weights") else None
@@ -329,7 +330,7 @@ def run_cell(
         args = run_args(condition, cell_dir, arm_timeout_s, in_image=in_image, device=device)
     except ReproError as exc:
         return write_cell_errors(condition, cell_dir, str(exc), phase="weights")
-    command, env = engine_env.engine_command(python, kit_source, args, tree=engine_path)
+    command, env = engine_venvs.engine_command(python, kit_source, args, tree=engine_path)
     (cell_dir / "logs").mkdir(parents=True, exist_ok=True)
     with open(cell_dir / CELL_LOG, "a", encoding="utf-8") as out:
         out.write(f"[matrix] {condition.name}: {' '.join(command)}\n")

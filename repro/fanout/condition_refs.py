@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from repro.atomicio import sha256_file
 from repro.containers.refs import InvalidRef, parse_vllm_ref
-from repro.errors import ReproError
+from repro.core.atomicio import sha256_file
+from repro.core.errors import ReproError
 
 COMMIT_PREFIX = "commit:"
 PR_PREFIX = "pr:"

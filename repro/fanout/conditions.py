@@ -43,13 +43,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from repro import connectors, engine_env, patching
-from repro.atomicio import sha256_file
-from repro.errors import ReproError
+from repro import connectors
+from repro.core.atomicio import sha256_file
+from repro.core.errors import ReproError
 from repro.fanout import condition_refs
 from repro.fanout.condition_refs import ConditionRefError, EngineSource
 from repro.profiles import PROFILES, Profile
 from repro.repeats import MAX_REPEATS
+from repro.venv import engine_venvs, patching
 
 KEYS = (
     "name",
@@ -461,7 +462,7 @@ def from_flags(
     problems = []
     for index, version in enumerate(vllm):
         try:
-            engine_env.validate_version(version)
+            engine_venvs.validate_version(version)
         except ReproError as exc:
             problems.append(str(exc))
         if version in vllm[:index]:

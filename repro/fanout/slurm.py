@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from repro import runner
-from repro.atomicio import write_json_atomic, write_text_atomic
-from repro.errors import ReproError
+from repro.core.atomicio import write_json_atomic, write_text_atomic
+from repro.core.errors import ReproError
 from repro.fanout import cell
 from repro.fanout.conditions import BadCondition, Condition
 from repro.profiles import get_profile
@@ -79,41 +79,6 @@ class Options:
     task_standin: str | None = None
 
 
-def add_options(parser) -> None:
-    g = parser.add_argument_group("slurm executor")
-    g.add_argument("--partition", default=None, help="default: the profile's (gpu for GPU ones)")
-    g.add_argument(
-        "--time-limit",
-        type=int,
-        default=None,
-        metavar="MINUTES",
-        help="per task (default: arms × arm timeout + 10 min)",
-    )
-    g.add_argument("--gpus-per-task", type=int, default=None, help="default: the profile's GPUs")
-    g.add_argument("--cpus-per-task", type=int, default=None)
-    g.add_argument(
-        "--container-image",
-        default=None,
-        help="run every task in this image through pyxis (srun --container-image); default: "
-        "each CUDA condition's own image",
-    )
-    g.add_argument(
-        "--weights-cache",
-        type=Path,
-        default=None,
-        help="GPU profiles: the weights cache to mount (default: the kit's)",
-    )
-    g.add_argument("--max-parallel", type=int, default=None, help="array throttle (%%N)")
-    g.add_argument("--poll", type=float, default=5.0, help="seconds between squeue polls")
-    g.add_argument("--slurm-task-standin", default=None, help=argparse_suppress())
-
-
-def argparse_suppress():
-    import argparse
-
-    return argparse.SUPPRESS
-
-
 def options_from_args(args, items: list[Condition | BadCondition], *, dry_run=False) -> Options:
     runnable = [i for i in items if isinstance(i, Condition)]
     profiles = [i.run_profile for i in runnable] or [get_profile("tiny")]
@@ -155,9 +120,9 @@ def options_from_args(args, items: list[Condition | BadCondition], *, dry_run=Fa
 
 
 def _weights_mount(profile, cache: Path | None) -> str:
-    from repro import envinfo, plan
+    from repro import machine_facts, plan
 
-    doc = plan.build_plan(profile, hardware=envinfo.collect_hardware(), cache=cache)
+    doc = plan.build_plan(profile, hardware=machine_facts.collect_hardware(), cache=cache)
     mount = next(m for m in doc["container"]["mounts"] if m["what"] == "model")
     return f"{mount['source']}:{mount['target']}:ro"
 

@@ -16,7 +16,7 @@ Host side (the standard library and the host's pip; the kit's source on PYTHONPA
 
 from __future__ import annotations
 
-from repro.errors import ReproError
+from repro.core.errors import ReproError
 
 
 class InstallSetError(ReproError):

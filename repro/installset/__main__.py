@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from repro.errors import ReproError
+from repro.core.errors import ReproError
 from repro.installset import BadInstallInput
 
 

@@ -21,8 +21,8 @@ from typing import Any
 from rich.progress import track
 
 from repro.artifact import schema_violations
-from repro.atomicio import sha256_file, write_json_atomic, write_text_atomic
-from repro.clock import utc_text
+from repro.core.atomicio import sha256_file, write_json_atomic, write_text_atomic
+from repro.core.clock import utc_text
 from repro.installset import BadInstallInput, InstallSetError, install
 from repro.installset.host import Target
 from repro.installset.install import Steps, human_bytes, unpacked_bytes

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from repro.atomicio import sha256_file, write_json_atomic, write_text_atomic
-from repro.clock import utc_text
+from repro.core.atomicio import sha256_file, write_json_atomic, write_text_atomic
+from repro.core.clock import utc_text
 from repro.installset import BadInstallInput, InstallSetError
 from repro.installset.manifest import (
     _SHA256,

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from repro.clock import utc_text
+from repro.core.clock import utc_text
 from repro.installset import InstallSetError, resolve
 from repro.installset.host import HostEnv, Target, read_freeze
 from repro.installset.install import _SHA256

@@ -1,6 +1,6 @@
 """An install set's ``manifest.json`` and ``SHA256SUMS``: read, then checked in full.
 
-The manifest is read through the kit's one JSON loader (repro/jsonread.py) and held to its
+The manifest is read through the kit's one JSON loader (repro/core/jsonread.py) and held to its
 schema (`schemacheck`: the host has no jsonschema), then to what a schema cannot say: the parts
 and the wheels add up to the stream, every part but the last is ``part_size`` long, each
 wheel's file name carries its entry's name and version, the root is the first wheel, no name
@@ -19,9 +19,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from repro.core.jsonread import JSONUnreadable, parse_json_bytes
 from repro.installset import BadInstallInput, InstallSetError
 from repro.installset.schemacheck import found, violations
-from repro.jsonread import JSONUnreadable, parse_json_bytes
 
 FORMAT, FORMAT_VERSION = "repro-install-set", 2
 MANIFEST_NAME, SUMS_NAME = "manifest.json", "SHA256SUMS"

@@ -19,9 +19,9 @@ from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from repro.atomicio import sha256_file
+from repro.core.atomicio import sha256_file
+from repro.core.jsonread import JSONUnreadable, read_json
 from repro.installset import BadInstallInput, InstallSetError
-from repro.jsonread import JSONUnreadable, read_json
 
 MARKER_NAME, MARKER_FORMAT = ".repro-installset.json", "repro-install-set-marker"
 _SHA256 = re.compile(r"[0-9a-f]{64}")

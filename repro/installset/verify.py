@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from repro.atomicio import sha256_file
+from repro.core.atomicio import sha256_file
 from repro.installset import InstallSetError
 from repro.installset.manifest import (
     MANIFEST_NAME,

@@ -2,7 +2,7 @@
 
 The model must answer the arms' questions on prompts it has never seen, so it is trained on a
 distribution wider than the arms' prompts, not on the prompts themselves:
-- manuals in upstream's shape and in the kit's (`repro.prompts`): a header, filler lines,
+- manuals in upstream's shape and in the kit's (`repro.arms.prompts`): a header, filler lines,
   "Security fact NN: the access code for vault-NN is CODE." lines spread through them, a
   footer; and in looser shapes: other headers and footers, filler made up from a word list,
   needles anywhere, shuffled or numbered out of order;
@@ -22,7 +22,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from repro import prompts
+from repro.arms import prompts
 
 UPSTREAM_HEADER = (
     "You are the security auditor for the Meridian facility. Below is the facility manual. "
@@ -45,7 +45,7 @@ UPSTREAM_FILLERS = [
     "Contractors must be escorted at all times and their equipment must be inventoried upon "
     "both entry and exit from the site.",
 ]
-# The kit's manual shape is `repro.prompts`' own, with the spacing the examples join it with.
+# The kit's manual shape is `repro.arms.prompts`' own, with the spacing the examples join it with.
 KIT_HEADER = prompts.HEADER + "\n\n"
 KIT_FOOTER = f"\n{prompts.FOOTER}\n\n"
 KIT_FILLERS = prompts.FILLER_SENTENCES
@@ -261,7 +261,7 @@ def training_example(
 def eval_example(
     rng: random.Random, *, needles: int, fillers: int, asked: int, kind: str
 ) -> Example:
-    """A held-out prompt in the kit's manual shape (`repro.prompts`), asking about `asked`.
+    """A held-out prompt in the kit's manual shape (`repro.arms.prompts`), asking about `asked`.
 
     kind "cold-race": manual + question; "multi-turn": manual + procedure question + a
     made-up answer of ~300 characters + "\\n\\n" + question.

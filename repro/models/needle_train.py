@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from repro.atomicio import sha256_file
+from repro.core.atomicio import sha256_file
 from repro.models import needle_data, qwen3_next_layout, tiny_nemotron_h
 
 # Bump when the trainer's output changes for an unchanged recipe.

@@ -24,8 +24,8 @@ import tempfile
 from pathlib import Path
 from typing import BinaryIO
 
-from repro.atomicio import publish_folder, sha256_stream
-from repro.errors import ReproError
+from repro.core.atomicio import publish_folder, sha256_stream
+from repro.core.errors import ReproError
 from repro.models import needle_train
 
 _CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"

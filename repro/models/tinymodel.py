@@ -25,8 +25,8 @@ import os
 import random
 from pathlib import Path
 
-from repro import prompts
-from repro.atomicio import publish_folder
+from repro.arms import prompts
+from repro.core.atomicio import publish_folder
 from repro.models import needle_train, tiny_needle, tiny_nemotron_h
 from repro.models.qwen3_next_layout import checkpoint_layout, config_for, write_config
 

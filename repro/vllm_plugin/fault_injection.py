@@ -30,7 +30,7 @@ import math
 import os
 from typing import Any
 
-from repro.vocabulary import FAULT_ENV
+from repro.core.vocabulary import FAULT_ENV
 
 from .mamba_batch import RunningColumns, mamba_layers, restoring_requests
 

@@ -7,7 +7,7 @@ the process that drives the arms. The plugin, loaded by vLLM in every worker
 (`WorkerWrapperBase.init_worker`), gives vLLM's worker class a method that returns them as
 plain data, so ``LLM.collective_rpc(METHOD)`` reads them by name (no pickled callables, which
 vLLM refuses without VLLM_ALLOW_INSECURE_SERIALIZATION). A worker without the method did not
-load the plugin; `repro.engine` then names the run inconclusive.
+load the plugin; `repro.engine.llm` then names the run inconclusive.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from repro.errors import GeometryUnsupported
+from repro.core.errors import GeometryUnsupported
 
 # Cold-race: a manual of int(1.35 B) tokens (question excluded), strictly within
 # 1.05 B .. 1.95 B, so its prefill spans the first block boundary and the racing requests can

@@ -1,8 +1,8 @@
 """The engine's counters: prefix-cache and speculative-decoding totals, one type.
 
 The same fields vLLM's Prometheus counters sum (`COUNTER_NAMES`: field -> metric), whether
-they are read from vLLM's metrics (`repro.engine`) or summed step by step by the kit's tap
-(`repro.stats_tap`).
+they are read from vLLM's metrics (`repro.engine.llm`) or summed step by step by the kit's tap
+(`repro.engine.stats_tap`).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from repro.counters import Counters
+from repro.engine.counters import Counters
 
 
 class SchedulerStatsTap:

@@ -5,8 +5,8 @@ can use it has its own switch: NCCL's collectives, torch's symmetric memory and 
 (docs/tp4.md, §NVLink multicast). With tensor parallelism every worker process opens NCCL
 communicators, so the settings must reach each of them; vLLM's workers inherit the engine
 process's environment. One constant, read by every place that builds such an environment:
-`Profile.engine_env`, the runner's engine process, the container run and
-containers/bare-host/red-green.sh (pinned to this constant by tests/test_gpu_host.py).
+`Profile.engine_variables`, the runner's engine process, the container run and
+containers/bare-host/red-green.sh (pinned to this constant by tests/test_process_vars.py).
 
 A value the user set for one of these wins: they are defaults, never overrides.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, MutableMapping
 
-GPU_HOST_ENV: dict[str, str] = {
+GPU_HOST_VARIABLES: dict[str, str] = {
     "NCCL_NVLS_ENABLE": "0",
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
     "NVSHMEM_DISABLE_NVLS": "1",
@@ -28,20 +28,22 @@ GPU_HOST_ENV: dict[str, str] = {
 # Where CPU engines share cores (the test suite's workers, a matrix's cells on one machine)
 # they spin at each other's barriers; OMP_WAIT_POLICY=PASSIVE, which the kit passes on where
 # the user sets it, is the cure there (docs/measured.md, §Engines on two cores).
-CPU_HOST_ENV: dict[str, str] = {}
-SHARED_CORES_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+CPU_HOST_VARIABLES: dict[str, str] = {}
+SHARED_CORES_VARIABLES = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
-def gpu_host_env(user_env: Mapping[str, str]) -> dict[str, str]:
-    """`GPU_HOST_ENV`, with each value the user set in `user_env` kept instead."""
-    return {key: user_env.get(key, default) for key, default in GPU_HOST_ENV.items()}
+def gpu_host_variables(user_env: Mapping[str, str]) -> dict[str, str]:
+    """`GPU_HOST_VARIABLES`, with each value the user set in `user_env` kept instead."""
+    return {key: user_env.get(key, default) for key, default in GPU_HOST_VARIABLES.items()}
 
 
 # The engine variables a user may choose for a run: the GPU host's switches and where the
-# engine core runs (figures are then read from the workers: repro.engine). Every other
+# engine core runs (figures are then read from the workers: repro.engine.llm). Every other
 # profile variable is part of what is measured (VLLM_USE_FLASHINFER_SAMPLER=0, say) and is set
 # whatever the shell holds.
-USER_MAY_SET = frozenset({*GPU_HOST_ENV, *SHARED_CORES_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING"})
+USER_MAY_SET = frozenset(
+    {*GPU_HOST_VARIABLES, *SHARED_CORES_VARIABLES, "VLLM_ENABLE_V1_MULTIPROCESSING"}
+)
 
 
 def apply_defaults(

@@ -27,7 +27,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from repro.errors import ReproError
+from repro.core.errors import ReproError
 
 
 class OverrideRefused(ReproError):

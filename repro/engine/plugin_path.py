@@ -4,14 +4,14 @@ vLLM loads general plugins by entry point (``vllm.general_plugins``) in each of 
 the front end, the engine core (a process of its own under VLLM_ENABLE_V1_MULTIPROCESSING=1)
 and each worker (tensor parallel > 1). That entry point exists only where the kit is
 pip-installed. On a bare GPU host, and in the kit's own engine environments, the kit is a
-tree on PYTHONPATH and `repro.engine` registers the plugin in its own process only; a process
+tree on PYTHONPATH and `repro.engine.llm` registers the plugin in its own process only; a process
 vLLM spawns would run without the CPU kernels and without the injected fault.
 
 `expose_entry_point` writes a minimal distribution, the entry point and nothing else, into a
 folder of its own and puts that folder and the kit's source on ``sys.path`` and
 ``PYTHONPATH``, which vLLM's processes inherit (spawned or forked). ``VLLM_PLUGINS`` is the
 user's and is left alone: where it leaves the kit out, the workers' figures cannot be read
-and the run comes out inconclusive (`repro.engine`).
+and the run comes out inconclusive (`repro.engine.llm`).
 """
 
 from __future__ import annotations

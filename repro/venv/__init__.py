@@ -1,0 +1,1 @@
+"""Engine virtualenvs and trees, and the Python-only patches applied to them."""
