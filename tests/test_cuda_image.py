@@ -574,7 +574,7 @@ def test_the_artifact_records_the_weights_pin():
 
     from repro.arms import record
     from repro.profiles import get_profile
-    from repro.runcontext import Environment, RunContext
+    from repro.runcontext import EngineFacts, RunContext
 
     profile = get_profile("qwen3.6-27b-fp8")
     pin = {"repo_id": profile.model, "pinned": True, "revision": "b" * 40}
@@ -590,7 +590,7 @@ def test_the_artifact_records_the_weights_pin():
     )
     assert RunContext.from_json(context.to_json()).weights_pin == pin  # to the arm process
     doc = record.base_document(
-        arm="cold-race", context=context, environment=Environment.here(), profile=profile
+        arm="cold-race", context=context, environment=EngineFacts.here(), profile=profile
     )
     assert doc["profile"]["revision"] == "b" * 40 and doc["profile"]["weights_pin"] == pin
     unpinned = dataclasses.replace(context, weights_pin={**pin, "pinned": False, "revision": None})

@@ -46,7 +46,7 @@ class ConditionRef:
 
 def parse(text: str, key: str = "vllm") -> ConditionRef:
     """Classify a condition's ``key`` value. A release is only told apart here; whether the
-    package index has it is asked where it is installed (`engine_env.check_release`)."""
+    package index has it is asked where it is installed (`engine_venvs.check_release`)."""
     if text.startswith(COMMIT_PREFIX):
         sha = text.removeprefix(COMMIT_PREFIX)
         try:
