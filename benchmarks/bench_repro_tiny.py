@@ -33,21 +33,35 @@ Reported per kit (medians over the repeats), as one JSON object:
 - `witness_s`: the restore witness's own time in the APC engines (the artifacts'
   `witness.seconds`), and `share_witness`: that as a share of `kit_s`.
 
+Each of these is measured under each `--beside` load, in one invocation (default `quiet`):
+
+- `quiet`: nothing else runs;
+- `stress`: one CPU-bound process beside it (a Python busy loop, as `stress --cpu 1` is);
+- `repro-tiny`: a second `python -m repro tiny` of the same kit beside it (20 s ahead),
+  started again whenever it ends.
+
+With more than one load the JSON has one section per load (`loads`) and `slowdown`: each
+load's `kit_s` (and `baseline_s`, and the before kit's) over the quiet one's.
+
 Usage: python benchmarks/bench_repro_tiny.py [--repeat N] [--vllm VERSION] [--before DIR]
+       [--beside quiet,stress,repro-tiny]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import resource
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -167,12 +181,107 @@ def summarize(kit_runs: list[dict], baselines: list[dict]) -> dict:
     }
 
 
+LOADS = ("quiet", "stress", "repro-tiny")
+
+
+@contextlib.contextmanager
+def beside(load: str, vllm: str | None, checkout: Path):
+    """Run `load` beside what the block measures, and stop it after (`checkout`: the kit a
+    second repro-tiny runs, the one measured, so a before kit is timed beside itself)."""
+    if load == "quiet":
+        yield
+        return
+    stop = threading.Event()
+    procs: list[subprocess.Popen] = []
+
+    def keep_running() -> None:
+        # A second repro-tiny, started again whenever it ends, as a second user's would be.
+        with tempfile.TemporaryDirectory(prefix="bench-beside-") as tmp:
+            cmd = [sys.executable, "-m", "repro", "tiny", "--out", tmp]
+            cmd += ["--vllm", vllm] if vllm else []
+            while not stop.is_set():
+                proc = subprocess.Popen(
+                    cmd,
+                    cwd=checkout,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+                procs.append(proc)
+                proc.wait()
+                shutil.rmtree(tmp, ignore_errors=True)
+                Path(tmp).mkdir(exist_ok=True)
+
+    if load == "stress":
+        busy = [sys.executable, "-c", "while True: pass"]
+        procs.append(subprocess.Popen(busy, start_new_session=True))
+        worker = None
+    else:
+        worker = threading.Thread(target=keep_running, daemon=True)
+        worker.start()
+        time.sleep(20)  # into its engine work, not its start-up
+    try:
+        yield
+    finally:
+        stop.set()
+        for proc in list(procs):
+            # The whole session: `tiny` starts the engine environment's run, which starts
+            # the engine process.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in list(procs):
+            proc.wait()
+        if worker is not None:
+            worker.join()
+
+
+def measure(args, load: str, kits: dict[str, Path], python: str, model: str) -> dict:
+    """The kit(s) and the baseline under `load`, `args.repeat` times in rotating order,
+    summarized."""
+    runs: dict[str, list[dict]] = {name: [] for name in kits}
+    baselines: list[dict] = []
+    loads = []
+    for repeat in range(args.repeat):
+        # Rotate the order so that neither side always runs first after a quiet spell.
+        jobs = ["baseline", *kits]
+        jobs = jobs[repeat % len(jobs) :] + jobs[: repeat % len(jobs)]
+        for job in jobs:
+            with beside(load, args.vllm, kits.get(job, REPO)):
+                loads.append(os.getloadavg()[0])
+                if job == "baseline":
+                    baselines.append(run_baseline(python, model))
+                else:
+                    runs[job].append(run_kit(kits[job], args.vllm))
+    report = summarize(runs["after"], baselines)
+    report["load_average_at_start"] = [round(x, 2) for x in loads]
+    report["baseline"] = {
+        "wall_s_each": [round(b["wall_s"], 2) for b in baselines],
+        "cpu_s_each": [round(b["cpu_s"], 2) for b in baselines],
+        "import_s": med([b["import_s"] for b in baselines]),
+        "boot_s": med([b["boot_s"] for b in baselines]),
+        "generate_s": med([b["generate_s"] for b in baselines]),
+        "boots": sorted({b["boots"] for b in baselines}),
+    }
+    if "before" in runs:
+        report["before"] = summarize(runs["before"], baselines)
+    return report
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--vllm", default=None)
     parser.add_argument("--before", type=Path, default=None, help="another kit checkout")
+    parser.add_argument(
+        "--beside",
+        type=lambda text: text.split(","),
+        default=["quiet"],
+        help=f"comma-separated loads to measure under, of {', '.join(LOADS)}",
+    )
     args = parser.parse_args()
+    unknown = [load for load in args.beside if load not in LOADS]
+    if unknown:
+        parser.error(f"--beside takes {', '.join(LOADS)}; got {', '.join(unknown)}")
     vllm_args = ["--vllm", args.vllm] if args.vllm else []
     # The engine environment and the tiny model first: not part of the figures.
     python = subprocess.run(
@@ -201,32 +310,29 @@ def main() -> int:
         stderr=subprocess.DEVNULL,
     )
     kits = {"after": REPO} | ({"before": args.before.resolve()} if args.before else {})
-    runs: dict[str, list[dict]] = {name: [] for name in kits}
-    baselines: list[dict] = []
-    loads = []
-    for repeat in range(args.repeat):
-        # Rotate the order so that neither side always runs first after a quiet spell.
-        jobs = ["baseline", *kits]
-        jobs = jobs[repeat % len(jobs) :] + jobs[: repeat % len(jobs)]
-        for job in jobs:
-            loads.append(os.getloadavg()[0])
-            if job == "baseline":
-                baselines.append(run_baseline(python, model))
-            else:
-                runs[job].append(run_kit(kits[job], args.vllm))
-    report = summarize(runs["after"], baselines)
-    report["baseline"] = {
-        "wall_s_each": [round(b["wall_s"], 2) for b in baselines],
-        "cpu_s_each": [round(b["cpu_s"], 2) for b in baselines],
-        "import_s": med([b["import_s"] for b in baselines]),
-        "boot_s": med([b["boot_s"] for b in baselines]),
-        "generate_s": med([b["generate_s"] for b in baselines]),
-        "boots": sorted({b["boots"] for b in baselines}),
-    }
-    if "before" in runs:
-        report["before"] = summarize(runs["before"], baselines)
+    by_load = {}
+    for load in args.beside:
+        by_load[load] = measure(args, load, kits, python, model)
+    if len(by_load) == 1:
+        (report,) = by_load.values()
+    else:
+        report = {"loads": by_load}
+        if "quiet" in by_load:
+            quiet = by_load["quiet"]
+            report["slowdown"] = {
+                load: {
+                    "kit": round(r["kit_s"] / quiet["kit_s"], 3),
+                    "baseline": round(r["baseline_s"] / quiet["baseline_s"], 3),
+                    **(
+                        {"before": round(r["before"]["kit_s"] / quiet["before"]["kit_s"], 3)}
+                        if "before" in r
+                        else {}
+                    ),
+                }
+                for load, r in by_load.items()
+                if load != "quiet"
+            }
     report["repeats"] = args.repeat
-    report["load_average_1m"] = {"min": min(loads), "max": max(loads)}
     report["cpus"] = os.cpu_count()
     print(json.dumps(report, indent=2))
     shutil.rmtree(os.environ["VLLM_CACHE_ROOT"], ignore_errors=True)

@@ -103,6 +103,9 @@ class RunContext:
     # The check of a GPU profile's weights against their pin (`repro.weights.model_pin`:
     # revision, pinned, ...), or None where none was made (tiny models, `run --model`).
     weights_pin: dict[str, Any] | None = None
+    # A CPU engine's OpenMP pool and the sample behind it (`repro.engine.cpu_threads`), set by
+    # the process that starts the engine; None on a GPU.
+    cpu_threads: dict[str, Any] | None = None
 
     @classmethod
     def new(
@@ -140,6 +143,9 @@ class RunContext:
 
     def with_environment(self, environment: EngineFacts) -> RunContext:
         return dataclasses.replace(self, environment=environment)
+
+    def with_cpu_threads(self, choice: dict[str, Any]) -> RunContext:
+        return dataclasses.replace(self, cpu_threads=choice)
 
     def resolve_profile(self) -> Profile:
         """The profile this context names (a model without one is rebuilt from its fields)."""

@@ -44,7 +44,7 @@ from repro.core.atomicio import sha256_file, write_json_atomic, write_text_atomi
 from repro.core.clock import utc_compact, utc_text
 from repro.core.errors import FiguresUnreadable, NotEvidence, ReproError, ValidationUnavailable
 from repro.core.vocabulary import FAULT_ENV
-from repro.engine import process_vars
+from repro.engine import cpu_threads, process_vars
 from repro.engine.llm import freeze_long_lived_objects
 from repro.engine.process_vars import CPU_HOST_VARIABLES, GPU_HOST_VARIABLES
 from repro.profiles import Profile
@@ -212,6 +212,11 @@ def _run_engine_process(
     env = engine_process_env(
         os.environ, device=contexts[arms[0]].device, fault_kind=contexts[arms[0]].fault_kind
     )
+    if contexts[arms[0]].device == "cpu":
+        # The cores free now decide the engine's OpenMP pool; each arm's record says so.
+        choice = cpu_threads.choose(os.environ)
+        cpu_threads.apply(choice, env)
+        contexts = {arm: contexts[arm].with_cpu_threads(choice.as_dict()) for arm in contexts}
     cmd = [sys.executable, "-m", "repro", "arms", "--arms", *arms, "--out", str(out_dir)]
     current = arms[0]
     screen.starting(current)

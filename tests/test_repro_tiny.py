@@ -47,6 +47,11 @@ def test_default_run_is_clean_and_engaged(clean_run, arm):
     assert doc["engine"]["apc_run"]["enable_prefix_caching"] is True
     assert doc["engine"]["control_run"]["enable_prefix_caching"] is False
     assert doc["hardware"]["gpus"] == []
+    # The engine's OpenMP pool, chosen from the cores free at its start, with the sample.
+    threads = doc["engine"]["cpu_threads"]
+    assert threads["chosen_by"] in {"kit", "default"} and threads["busy_share"], threads
+    kit_set = doc["engine"]["environment"].get("OMP_NUM_THREADS")
+    assert kit_set == (str(threads["threads"]) if threads["chosen_by"] == "kit" else None)
     # Graded with the gate on the control's own spread, and by upstream's rules; recorded.
     assert doc["signal"]["control_spread_gate"] is True
     assert doc["signal"]["rules"] == "upstream-pr48361"

@@ -90,6 +90,7 @@ def engine_section(
         "environment": environment.environment,
         "patches": environment.patches,
         "overrides": context.overrides,
+        "cpu_threads": context.cpu_threads,
     }
 
 

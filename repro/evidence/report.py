@@ -313,6 +313,7 @@ def render_run(run: Run) -> list[str]:
     run_ids = ", ".join(f"`{doc['run']['id']}`" for doc in run.documents.values())
     lines += [
         f"- Hardware: {hardware_text(first)}",
+        *([f"- CPU threads: {cpu_threads_text(run)}"] if _on_cpu(run) else []),
         f"- vLLM: {vllm_text(first)}; patches: {patches_text(first)}",
         f"- Model revision: {model_revision_text(first)}",
         f"- Image: {image_text(run)}",
@@ -324,6 +325,30 @@ def render_run(run: Run) -> list[str]:
     ]
     lines += per_request_lines(run)
     return lines
+
+
+def cpu_threads_text(run: Run) -> str:
+    """Each arm's CPU engine pool (`engine.cpu_threads`) and why it was chosen."""
+    texts = []
+    for arm, doc in run.documents.items():
+        choice = (doc.get("engine") or {}).get("cpu_threads")
+        if not choice:
+            continue  # a GPU run, an error record, or a record from before the choice
+        if choice["chosen_by"] == "kit":
+            busy = ", ".join(str(cpu) for cpu in choice["busy_cpus"])
+            what = f"{choice['threads']} of {len(choice['allowed_cpus'])} (busy at start: {busy})"
+        elif choice["chosen_by"] == "default":
+            what = f"OpenMP's default ({choice['threads']}: every core free at start)"
+        elif choice["chosen_by"] == "user":
+            what = "the user's " + ", ".join(f"{k}={v}" for k, v in choice["variables"].items())
+        else:
+            what = "OpenMP's default (the cores' load could not be read)"
+        texts.append(f"{arm}: {what}")
+    return "; ".join(texts) or "not recorded (the record predates the kit's choice)"
+
+
+def _on_cpu(run: Run) -> bool:
+    return any((doc.get("profile") or {}).get("device") == "cpu" for doc in run.documents.values())
 
 
 def counters_source_text(run: Run) -> str:
