@@ -92,3 +92,30 @@ def test_the_report_says_what_was_chosen_and_why():
     assert report.cpu_threads_text(run) == (
         "cold-race: 1 of 2 (busy at start: 1); multi-turn: the user's OMP_NUM_THREADS=2"
     )
+
+
+GIB = 1024**3
+
+
+def test_a_matrix_runs_one_engine_per_free_core_as_memory_allows():
+    two = cpu_threads.engines_at_once(4, allowed=[0, 1], shares={0: 0, 1: 0}, memory=24 * GIB)
+    assert (two.at_once, two.threads_each) == (2, 1), two
+    # One core taken by another process: one cell at a time, OpenMP left to the engine.
+    busy = cpu_threads.engines_at_once(4, allowed=[0, 1], shares={0: 1, 1: 0}, memory=24 * GIB)
+    assert (busy.at_once, busy.threads_each) == (1, None), busy
+    # Memory for one engine only, or memory that cannot be read: one at a time.
+    for memory in (5 * GIB, None):
+        one = cpu_threads.engines_at_once(4, allowed=[0, 1, 2, 3], shares={}, memory=memory)
+        assert one.at_once == 1, one
+    # Never more engines than cells.
+    assert cpu_threads.engines_at_once(1, allowed=[0, 1], shares={}, memory=24 * GIB).at_once == 1
+
+
+def test_the_users_count_splits_the_free_cores():
+    asked = cpu_threads.engines_at_once(8, requested=2, allowed=[0, 1, 2, 3], shares={})
+    assert (asked.at_once, asked.threads_each) == (2, 2) and "--cells-at-once 2" in asked.why
+
+
+def test_a_matrix_share_is_the_engines_pool_and_is_recorded():
+    choice = cpu_threads.choose({cpu_threads.SHARE_ENV: "1"}, allowed=[0, 1], shares={})
+    assert choice.chosen_by == "matrix" and choice.variables == {"OMP_NUM_THREADS": "1"}

@@ -41,8 +41,16 @@ def _add_matrix(sub: argparse._SubParsersAction) -> None:
         "--executor",
         choices=["local", "slurm", "bare"],
         default="local",
-        help="local: here, one cell after another; slurm: one job array; bare: here, on "
+        help="local: here, --cells-at-once at a time; slurm: one job array; bare: here, on "
         "carried install sets (--parts), for a GPU host with no network",
+    )
+    m.add_argument(
+        "--cells-at-once",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="--executor local: cells run at the same time, the free cores split among their "
+        "engines (default: one per free core, as many as memory holds)",
     )
     m.add_argument(
         "--parts",
@@ -74,6 +82,18 @@ def _add_matrix(sub: argparse._SubParsersAction) -> None:
     _add_slurm_options(m)
     c = sub.add_parser("matrix-cell", help="(internal) one matrix cell, as a Slurm task runs it")
     c.add_argument("--cell", type=Path, required=True)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number of cells, 1 or more; got {text!r}"
+        )
+    return value
 
 
 def _add_slurm_options(parser: argparse.ArgumentParser) -> None:

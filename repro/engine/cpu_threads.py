@@ -28,6 +28,10 @@ SAMPLE_S = 0.25
 USER_OPENMP_VARIABLES = ("OMP_NUM_THREADS", "GOMP_CPU_AFFINITY", "OMP_PLACES")
 
 PROC_STAT = Path("/proc/stat")
+# Set by a matrix that runs several cells at once on the CPU (`repro.fanout.matrix`): this
+# engine's share of the cores, in threads. Engines started together would each see the
+# cores free and each take them all.
+SHARE_ENV = "REPRO_ENGINE_CPU_SHARE"
 
 
 @dataclass(frozen=True)
@@ -40,7 +44,8 @@ class CpuThreads:
     busy_share: dict[str, float] | None
     threads: int | None
     # "kit": the kit set OMP_NUM_THREADS; "default": every core was free, OpenMP's own default;
-    # "user": the user's OpenMP variables decide; "unread": no per-core figures here.
+    # "matrix": the share a matrix running cells at once gave it; "user": the user's OpenMP
+    # variables decide; "unread": no per-core figures here.
     chosen_by: str
     variables: dict[str, str]
 
@@ -99,6 +104,9 @@ def choose(
     user_set = {k: user_env[k] for k in USER_OPENMP_VARIABLES if k in user_env}
     if user_set:
         return CpuThreads(allowed, [], None, None, "user", user_set)
+    if user_env.get(SHARE_ENV):
+        share = int(user_env[SHARE_ENV])
+        return CpuThreads(allowed, [], None, share, "matrix", {"OMP_NUM_THREADS": str(share)})
     if shares == "sample":
         shares = sample_busy_share(allowed)
     if shares is None:
@@ -113,5 +121,59 @@ def choose(
 
 def apply(choice: CpuThreads, env: MutableMapping[str, str]) -> None:
     """Put the kit's choice into the engine process's environment `env`."""
-    if choice.chosen_by == "kit":
+    if choice.chosen_by in ("kit", "matrix"):
         env.update(choice.variables)
+
+
+# What one CPU engine of a tiny profile may hold, with room: a bound on how many run at
+# once (docs/measured.md, §A busy core, has the measured peak).
+ENGINE_MEMORY_BYTES = 4 * 1024**3
+
+
+def memory_available(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """MemAvailable in bytes (None where it cannot be read)."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+@dataclass(frozen=True)
+class EnginesAtOnce:
+    """How many CPU engines a matrix runs at the same time, and each one's threads."""
+
+    at_once: int
+    threads_each: int | None
+    why: str
+
+
+def engines_at_once(
+    cells: int,
+    *,
+    requested: int | None = None,
+    allowed: list[int] | None = None,
+    shares: dict[int, float] | None | str = "sample",
+    memory: int | None | str = "read",
+) -> EnginesAtOnce:
+    """One engine per free core (each with one thread), as many as memory holds; `requested`
+    (the user's --cells-at-once) overrides the count, and the free cores are split among them."""
+    allowed = sorted(os.sched_getaffinity(0)) if allowed is None else sorted(allowed)
+    if shares == "sample":
+        shares = sample_busy_share(allowed)
+    free = len(allowed) - sum(1 for c in allowed if (shares or {}).get(c, 0.0) >= BUSY_SHARE)
+    free = max(1, free)
+    if requested is not None:
+        at_once = max(1, min(requested, cells))
+        why = f"--cells-at-once {requested}"
+    else:
+        memory = memory_available() if memory == "read" else memory
+        # Memory that cannot be read allows one engine: a guess could exhaust it.
+        by_memory = max(1, memory // ENGINE_MEMORY_BYTES) if memory else 1
+        at_once = max(1, min(free, by_memory, cells))
+        room = f"memory for {by_memory}" if memory else "memory unread"
+        why = f"{free} free core(s), {room}, {cells} cell(s)"
+    threads_each = max(1, free // at_once) if at_once > 1 else None
+    return EnginesAtOnce(at_once, threads_each, why)

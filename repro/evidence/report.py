@@ -337,6 +337,8 @@ def cpu_threads_text(run: Run) -> str:
         if choice["chosen_by"] == "kit":
             busy = ", ".join(str(cpu) for cpu in choice["busy_cpus"])
             what = f"{choice['threads']} of {len(choice['allowed_cpus'])} (busy at start: {busy})"
+        elif choice["chosen_by"] == "matrix":
+            what = f"{choice['threads']} of {len(choice['allowed_cpus'])} (its share of a matrix)"
         elif choice["chosen_by"] == "default":
             what = f"OpenMP's default ({choice['threads']}: every core free at start)"
         elif choice["chosen_by"] == "user":

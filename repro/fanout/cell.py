@@ -24,6 +24,7 @@ from typing import Any
 from repro import KIT_SOURCE, repeats, runner
 from repro.core.atomicio import write_json_atomic
 from repro.core.errors import PatchError, ReproError
+from repro.engine import cpu_threads
 from repro.fanout import conditions
 from repro.fanout.conditions import BadCondition, Condition
 from repro.profiles import get_profile
@@ -288,9 +289,12 @@ def run_cell(
     engine_python: Path | None = None,
     engine_path: Path | None = None,
     device: str | None = None,
+    engine_threads: int | None = None,
     log=print,
 ) -> dict[str, dict[str, Any]]:
     """Run the condition's arms into ``cell_dir``; every arm ends with a record.
+
+    ``engine_threads``: the CPU engine's share of the cores, where cells run at once.
 
     ``engine_python`` runs them in that python (the kit's image, or a bare host's python with
     ``engine_path``, the condition's installed tree, on PYTHONPATH) instead of the condition's
@@ -331,6 +335,8 @@ def run_cell(
     except ReproError as exc:
         return write_cell_errors(condition, cell_dir, str(exc), phase="weights")
     command, env = engine_venvs.engine_command(python, kit_source, args, tree=engine_path)
+    if engine_threads:
+        env[cpu_threads.SHARE_ENV] = str(engine_threads)
     (cell_dir / "logs").mkdir(parents=True, exist_ok=True)
     with open(cell_dir / CELL_LOG, "a", encoding="utf-8") as out:
         out.write(f"[matrix] {condition.name}: {' '.join(command)}\n")

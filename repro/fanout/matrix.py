@@ -25,6 +25,7 @@ import json
 import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from repro.artifact import schema_violations
 from repro.core.atomicio import write_json_atomic, write_text_atomic
 from repro.core.clock import utc_compact, utc_text
 from repro.core.errors import ReproError
+from repro.engine import cpu_threads
 from repro.evidence import report
 from repro.fanout import cell, conditions, precheck
 from repro.fanout.conditions import BadCondition, Condition
@@ -392,15 +394,45 @@ def write_outputs(p: Plan, *, executor: str, conditions_file: Path | None) -> di
 # --- running ---------------------------------------------------------------------------------
 
 
-def run_local(p: Plan, *, kit_source: Path, arm_timeout_s: float | None, log=print) -> None:
-    for item in p.to_run:
+def run_local(
+    p: Plan,
+    *,
+    kit_source: Path,
+    arm_timeout_s: float | None,
+    cells_at_once: int | None = None,
+    log=print,
+) -> None:
+    """The cells here, several at once on the CPU where the cores and memory allow
+    (`repro.engine.cpu_threads.engines_at_once`); each cell's engine gets its share."""
+    plan_ = cpu_threads.engines_at_once(len(p.to_run), requested=cells_at_once)
+    if len(p.to_run) > 1:
+        log(
+            f"[matrix] {plan_.at_once} cell(s) at once"
+            + (f", {plan_.threads_each} thread(s) each" if plan_.threads_each else "")
+            + f" ({plan_.why})"
+        )
+
+    def one(item: Condition) -> None:
         started = time.monotonic()
         log(f"[matrix] {item.name}: running")
         docs = cell.run_cell(
-            item, p.out_dir / item.name, kit_source=kit_source, arm_timeout_s=arm_timeout_s, log=log
+            item,
+            p.out_dir / item.name,
+            kit_source=kit_source,
+            arm_timeout_s=arm_timeout_s,
+            engine_threads=plan_.threads_each,
+            log=log,
         )
         states = ", ".join(f"{a} {d['verdict']['status']}" for a, d in docs.items())
         log(f"[matrix] {item.name}: {states} ({time.monotonic() - started:.0f}s)")
+
+    if plan_.at_once <= 1:
+        for item in p.to_run:
+            one(item)
+        return
+    with ThreadPoolExecutor(max_workers=plan_.at_once) as pool:
+        # list(): a cell's unforeseen exception surfaces here, after the others finished.
+        list(pool.map(one, p.to_run))
 
 
 def check_out_dir(out: Path) -> Path:
@@ -491,7 +523,13 @@ def cmd_matrix(args) -> int:
             log=log,
         )
     else:
-        run_local(p, kit_source=KIT_SOURCE, arm_timeout_s=args.arm_timeout, log=log)
+        run_local(
+            p,
+            kit_source=KIT_SOURCE,
+            arm_timeout_s=args.arm_timeout,
+            cells_at_once=args.cells_at_once,
+            log=log,
+        )
     return _finish(p, args.executor, conditions_file, log)
 
 
