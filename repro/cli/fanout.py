@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from repro.cli.arg_values import positive_int
 from repro.core.vocabulary import ARMS
 from repro.fanout import bisect, cell, matrix
 from repro.profiles import PROFILES
@@ -46,7 +47,7 @@ def _add_matrix(sub: argparse._SubParsersAction) -> None:
     )
     m.add_argument(
         "--cells-at-once",
-        type=_positive_int,
+        type=_cell_count,
         default=None,
         metavar="N",
         help="--executor local: cells run at the same time, the free cores split among their "
@@ -84,12 +85,9 @@ def _add_matrix(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--cell", type=Path, required=True)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
+def _cell_count(text: str) -> int:
+    value = positive_int(text)
+    if value is None:
         raise argparse.ArgumentTypeError(
             f"expected a whole number of cells, 1 or more; got {text!r}"
         )

@@ -33,6 +33,7 @@ from repro import (
     sensitivity,
 )
 from repro.artifact import schema_violations
+from repro.cli.arg_values import positive_int
 from repro.cli.images import cuda_lock_path, vllm_ref
 from repro.cli.models import check_weights_pin, pinned_snapshot
 from repro.containers import cuda, docker_client, images
@@ -245,11 +246,8 @@ def _repeat_count(text: str) -> int:
 
 
 def _gpu_count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
+    value = positive_int(text)
+    if value is None:
         raise argparse.ArgumentTypeError(
             f"expected a positive whole number of GPUs (the tensor parallel size), found "
             f"{text!r}; leave --tp out to use every GPU of this host"
