@@ -9,10 +9,19 @@ from pathlib import Path
 import pytest
 
 from repro.cli import main
-from repro.evidence import bundle, compare
+from repro.evidence import bundle, compare, report
 from repro.evidence.runs import EvidenceError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "runs"
+EXAMPLES = Path(__file__).resolve().parent.parent / "artifacts" / "examples"
+# A needle record that carries the answer log-prob line, and one from before it.
+WITH_LINE = EXAMPLES / "h100-bare-matrix-vllm-0.26.0" / "0.26.0"
+BEFORE_LINE = EXAMPLES / "h200-tiny-needle-vllm-0.26.0-witness" / "stock"
+# The committed record's line, as the report prints it (its REPORT.md).
+H100_LINE = (
+    "answer log-prob: corrupted (wave1: 3 forward / 0 reverse, "
+    "wave2: 0 forward / 1 reverse flips, threshold 0.0449)"
+)
 
 
 @pytest.fixture
@@ -97,3 +106,46 @@ def test_an_arm_on_one_side_only_is_a_disagreement(dirs):
     assert result.agree
     result = compare.compare(compare.load_one(dirs["clean"]), compare.load_one(dirs["fault"]))
     assert "multi-turn: clean vs not run" in result.disagreements
+
+
+def test_the_answer_logprob_line_sits_beside_a_record_without_one(capsys):
+    assert main(["compare", str(WITH_LINE), str(BEFORE_LINE)]) == 0
+    out = capsys.readouterr().out
+    assert f"| answer log-prob line | {H100_LINE} | not recorded | differs |" in out
+    assert "| verdict decided by | recall | not recorded | differs |" in out
+
+
+def test_the_answer_logprob_line_uses_the_reports_words():
+    run = compare.load_one(WITH_LINE)
+    doc = run.documents["cold-race"]
+    assert compare.answer_figures(doc) == {
+        "answer log-prob line": H100_LINE,
+        "verdict decided by": "recall",
+    }
+    assert f" · {H100_LINE}" in report.result_text(doc)
+    result = compare.compare(run, run)
+    assert f"| answer log-prob line | {H100_LINE} | {H100_LINE} | = |" in result.markdown
+    assert "| verdict decided by | recall | recall | = |" in result.markdown
+
+
+def test_a_record_stripped_of_the_line_says_not_recorded(tmp_path):
+    # The same record as it would read from before the line: no section, no per-request
+    # answer divergences (both optional in the schema; the loader validates it).
+    older = Path(shutil.copytree(WITH_LINE, tmp_path / "older"))
+    doc = json.loads((older / "cold-race.json").read_text())
+    del doc["answer_logprob"]
+    for wave in doc["figures"]["waves"]:
+        wave.get("extra", {}).pop("answer_benign_noise", None)
+        for request in wave["per_request"]:
+            del request["answer_divergence"]
+    (older / "cold-race.json").write_text(json.dumps(doc))
+    result = compare.compare(compare.load_one(WITH_LINE), compare.load_one(older))
+    assert result.agree
+    assert f"| answer log-prob line | {H100_LINE} | not recorded | differs |" in result.markdown
+
+
+def test_logprob_records_say_the_line_is_not_recorded(dirs):
+    result = compare.compare(compare.load_one(dirs["clean"]), compare.load_one(dirs["fault"]))
+    not_there = "not recorded (log-prob signal: it is the verdict)"
+    assert f"| answer log-prob line | {not_there} | {not_there} | = |" in result.markdown
+    assert "| verdict decided by | not recorded | not recorded | = |" in result.markdown

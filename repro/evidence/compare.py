@@ -2,7 +2,8 @@
 
 `python -m repro compare A B` (run directories or one-run bundles) prints Markdown: what each
 side ran (image, model and its revision, vLLM, patches, engine settings, fault injection,
-hardware side by side), then per arm both verdicts and how the figures differ. The exit status
+hardware side by side), then per arm both verdicts and how the figures differ, the needle
+profiles' answer log-prob line among them (in the report's words). The exit status
 is 1 when a verdict disagrees (or an arm ran on one side only): two labs that reach different
 verdicts on the same arm have something to explain.
 """
@@ -14,14 +15,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from repro import witness
+from repro import answer_logprob, witness
 from repro.core.vocabulary import ARMS
 from repro.evidence import report
 from repro.evidence.runs import EvidenceError, Run
+from repro.evidence.verdicts import answer_line
 from repro.evidence.verify import load_runs
 
 # Environment entries that differ by construction (the run's own context, this checkout).
 _UNCOMPARED_ENV = frozenset({"REPRO_RUN_CONTEXT", "REPRO_KIT_CHECKOUT"})
+# Said where a record has no answer log-prob line, rather than an empty cell.
+NOT_RECORDED = "not recorded"
 
 
 @dataclass
@@ -149,7 +153,24 @@ def arm_figures(doc: dict[str, Any]) -> dict[str, Any]:
             figures[f"witness: invalid restores, {lane} lane"] = (
                 seen.by_lane.get(lane, 0) if seen.status == witness.LIVE else None
             )
+    figures.update(answer_figures(doc))
     return figures
+
+
+def answer_figures(doc: dict[str, Any]) -> dict[str, str]:
+    """The needle profiles' answer log-prob line in the report's words, and the signal the
+    record says decided the verdict; `not recorded` where it has no line. Re-derived, as the
+    report does: the loader has refused any record whose line does not follow."""
+    answers = answer_line(doc)
+    if answers is None:
+        kind = (doc.get("signal") or {}).get("kind", "")
+        # On the log-prob signal the log-probs are the verdict itself: no second line.
+        why = "" if answer_logprob.applies(kind) else " (log-prob signal: it is the verdict)"
+        return {"answer log-prob line": NOT_RECORDED + why, "verdict decided by": NOT_RECORDED}
+    return {
+        "answer log-prob line": answer_logprob.note(answers),
+        "verdict decided by": answers["decided_by"],
+    }
 
 
 def compare(a: Run, b: Run, *, names: tuple[str, str] = ("A", "B")) -> Comparison:
@@ -245,4 +266,4 @@ def _verdict(doc: dict[str, Any] | None) -> str:
     return text + (f" ({gate})" if gate else "")
 
 
-__all__ = ["Comparison", "arm_figures", "compare", "load_one"]
+__all__ = ["NOT_RECORDED", "Comparison", "answer_figures", "arm_figures", "compare", "load_one"]
