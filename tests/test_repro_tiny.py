@@ -100,14 +100,22 @@ def test_logs_are_kept_and_hashed(clean_run, arm):
 BOOT_LINE = "init engine (profile, create kv cache, warmup model) took"
 
 DERIVE_AND_CONTRADICT = """
-import json, sys, time
+import json, os, sys, time
+from pathlib import Path
 from repro.arms.common import PhaseTimer, derive_block_size, start_engine
+from repro.engine import model_inspection
 from repro.engine.llm import Sampling
 from repro.core.errors import GeometryUnsupported
 from repro.profiles import get_profile
 
 profile, model = get_profile("tiny"), sys.argv[1]
 b = derive_block_size(profile, model, PhaseTimer())
+# An empty vLLM cache: the model classes were inspected, here, and vLLM's cache has them.
+from vllm.model_executor.models import registry
+inspected = [
+    registry._run_in_subprocess is model_inspection._here,
+    sorted(p.name for p in (Path(os.environ["VLLM_CACHE_ROOT"]) / "modelinfos").glob("*.json")),
+]
 # An engine told to expect another B than the one it boots with must refuse its geometry.
 wrong = start_engine(profile, model, arm="cold-race", prefix_caching=True, mamba_block_size=b + 16)
 with wrong as e:
@@ -123,7 +131,9 @@ with wrong as e:
     time.sleep(0.5)
     later = e._read_counters()
     settled = [e.in_process, once.prefix_cache_queries > 0, once == later]
-print("RESULT " + json.dumps({"derived": b, "refused": refused, "settled": settled}))
+print("RESULT " + json.dumps(
+    {"derived": b, "refused": refused, "settled": settled, "inspected": inspected}
+))
 """
 
 
@@ -134,8 +144,9 @@ def test_a_run_of_both_arms_boots_four_engines(clean_run):
 
 
 @pytest.fixture(scope="module")
-def second_engine(clean_run, engine_python) -> dict:
-    """DERIVE_AND_CONTRADICT's result: one more engine, booted told the wrong B."""
+def second_engine(clean_run, engine_python, tmp_path_factory) -> dict:
+    """DERIVE_AND_CONTRADICT's result: one more engine, booted told the wrong B, with a
+    vLLM cache of its own (empty at the start)."""
     import os
     import subprocess
 
@@ -143,14 +154,21 @@ def second_engine(clean_run, engine_python) -> dict:
     repo = Path(__file__).resolve().parent.parent
     proc = subprocess.run(
         [engine_python, "-c", DERIVE_AND_CONTRADICT, docs["cold-race"]["profile"]["model_path"]],
-        env={**os.environ, "PYTHONPATH": str(repo)},
+        env={
+            **os.environ,
+            "PYTHONPATH": str(repo),
+            "VLLM_CACHE_ROOT": str(tmp_path_factory.mktemp("vllm-cache")),
+        },
         capture_output=True,
         text=True,
         timeout=1800,
     )
     lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
     assert len(lines) == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(lines[0].removeprefix("RESULT "))
+    return {
+        **json.loads(lines[0].removeprefix("RESULT ")),
+        "inspection_logged": "model-class inspection runs in this process" in proc.stderr,
+    }
 
 
 def test_b_derived_before_boot_is_the_booted_engines_and_a_mismatch_is_refused(
@@ -166,6 +184,14 @@ def test_b_derived_before_boot_is_the_booted_engines_and_a_mismatch_is_refused(
     assert gate == "geometry"
     assert f"the booted engine's Mamba block size is {b}" in message
     assert f"configuration gave {b + 16} before boot" in message
+
+
+def test_a_cold_vllm_cache_inspects_the_model_classes_in_this_process(second_engine):
+    """vLLM's first look at a model class starts a child python unless the engine runs here
+    (repro.engine.model_inspection); its answer still lands in vLLM's own cache."""
+    routed, cached = second_engine["inspected"]
+    assert routed and second_engine["inspection_logged"]
+    assert any("Qwen3Next" in name for name in cached), cached
 
 
 def test_one_counter_read_in_process_is_final(second_engine):

@@ -21,7 +21,7 @@ from typing import Any
 
 from repro import progress, vllm_plugin
 from repro.core.errors import GeometryUnsupported
-from repro.engine import process_vars
+from repro.engine import model_inspection, process_vars
 from repro.engine.llm import resolve_settings
 
 
@@ -41,6 +41,7 @@ def derived_mamba_block_size(
     progress.emit("phase", name="deriving the Mamba block size from vLLM's configuration")
     started = time.perf_counter()
     process_vars.apply_defaults(env)
+    model_inspection.inspect_in_this_process()
     # lazy: vllm, found only in an engine environment
     from vllm.engine.arg_utils import EngineArgs
 

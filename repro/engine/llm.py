@@ -21,7 +21,7 @@ from typing import Any
 from repro import progress, vllm_plugin
 from repro.core.errors import EngineBootError, FiguresUnreadable, GeometryUnsupported
 from repro.core.vocabulary import FAULT_ENV
-from repro.engine import plugin_path, process_vars
+from repro.engine import model_inspection, plugin_path, process_vars
 from repro.engine.counters import COUNTER_NAMES, Counters
 from repro.engine.stats_tap import SchedulerStatsTap
 from repro.vllm_plugin import restore_witness, worker_facts
@@ -135,6 +135,7 @@ class Engine:
         # Defaults only: a variable the user set (VLLM_ENABLE_V1_MULTIPROCESSING=1, an NCCL
         # switch) is kept, and the artifact's environment records what ran.
         process_vars.apply_defaults(self.env)
+        model_inspection.inspect_in_this_process()
         # Where the kit is not pip-installed, vLLM's engine-core and worker processes find
         # the plugin through an entry point the kit puts on their path (repro.engine.plugin_path).
         plugin_path.expose_entry_point()
