@@ -474,6 +474,15 @@ def matrix_cell(doc: dict[str, Any], cured: bool, *, seed_figures: bool = False)
         return f"🔴 corrupts (cache engaged{hits}){notes}"
     if status == "clean":
         word = "cured" if cured else "clean"
+        seen = witness.from_document(doc)
+        if seen is not None and seen.invalid:
+            # Clean outputs over invalid restores: this model did not show what the engine did,
+            # which is neither cured nor plain clean (witness.headline).
+            wave2 = _wave_hit_ratio(doc, "wave2") if seed_figures else ""
+            return (
+                f"🟡 {witness.headline(status, seen)} (hit ratio {hit_ratio(figures)}{wave2})"
+                f"{notes}"
+            )
         if verdict.get("outcome") == "clean-zero-trigger-hits":
             return f"✅ {word}, {_zero_trigger_hits(doc)}{notes}"
         wave2 = _wave_hit_ratio(doc, "wave2") if seed_figures else ""
@@ -600,7 +609,9 @@ def matrix_table(
     lines += [
         "",
         "🔴 corrupts: the verdict is `corrupted` with the cache engaged; ✅ clean/cured: no "
-        "one-sided flips past the margin with hits and drafts; ⚠️ zero-hit or inconclusive: "
+        "one-sided flips past the margin with hits and drafts; 🟡 clean outputs while the "
+        "restore witness saw invalid states: the model did not show them, so neither cured "
+        "nor plain clean; ⚠️ zero-hit or inconclusive: "
         "the named gate stopped the arm, which is no evidence either way; one run per cell "
         "unless several are shown.",
     ]
