@@ -12,9 +12,10 @@ every arm and its `condition.json` has the same content hash, otherwise the old 
 moved under `DIR/.superseded/` and the cell is run again; (2) the engine environments of the
 cells to run are made or reused, once per (release, patch set), before any cell runs, so
 parallel Slurm tasks never make one together; a condition whose environment fails gets
-`error` records; (3) the cells run, here one after another or as one Slurm job array
-(`--executor bare`: here, on a host with no network, each on its carried install set's tree,
-repro.fanout.bare, with no engine environments);
+`error` records; (3) the cells run, here (several at once where the cores allow) or as one
+Slurm job array (`--executor bare`: here, on a host with no network, each on its carried
+install set's tree, repro.fanout.bare, with no engine environments; several at once on
+disjoint GPU slices with --gpus-per-cell);
 (4) the records are collected and rendered. A failing cell never stops the others; the
 command ends by naming the cells to re-run, and exits 1 when there are any.
 """
