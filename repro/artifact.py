@@ -253,7 +253,13 @@ def _type_name(value: Any) -> str:
 # Engine-relevant environment variables that an artifact records.
 _ENV_PREFIXES = ("VLLM_", "REPRO_")
 _ENV_NAMES = frozenset(
-    {"HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"}
+    {
+        "HF_HUB_OFFLINE",
+        "TRANSFORMERS_OFFLINE",
+        "CUDA_VISIBLE_DEVICES",
+        "CUDA_DEVICE_ORDER",
+        "OMP_NUM_THREADS",
+    }
     | set(GPU_HOST_VARIABLES)
     | set(SHARED_CORES_VARIABLES)
 )
@@ -268,7 +274,8 @@ def redact_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     Kept: names starting with ``VLLM_`` or ``REPRO_`` (but not the kit's inter-process
     plumbing, REPRO_RUN_CONTEXT and REPRO_IMAGE, which have their own sections), and
     ``HF_HUB_OFFLINE``,
-    ``TRANSFORMERS_OFFLINE``, ``CUDA_VISIBLE_DEVICES``, ``OMP_NUM_THREADS`` and the GPU host's
+    ``TRANSFORMERS_OFFLINE``, ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER`` (which GPUs,
+    numbered how), ``OMP_NUM_THREADS`` and the GPU host's
     NVLink switches (`repro.engine.process_vars.GPU_HOST_VARIABLES`). Dropped anyway:
     any name containing one of the scanner's secret words (`repro.core.redaction.SECRET_WORDS`,
     case-insensitive), and names that are not upper case, digits and underscores.

@@ -39,6 +39,7 @@ __all__ = [
     "collect_hardware",
     "collect_kit",
     "collect_software",
+    "list_gpus",
     "run_location",
     "vllm_commit",
 ]
@@ -82,7 +83,7 @@ def collect_hardware() -> dict[str, Any]:
     """
     cpuinfo = _read_text("/proc/cpuinfo") or ""
     smi = shutil.which("nvidia-smi")
-    gpus = _query_gpus(smi) if smi else []
+    gpus = list_gpus(smi)
     topology = _smi_topology(smi) if smi and gpus else None
     return {
         "cpu": {
@@ -96,6 +97,12 @@ def collect_hardware() -> dict[str, Any]:
         "cuda_version": _torch_cuda_version() or (_smi_cuda_version(smi) if smi else None),
         "topology": topology,
     }
+
+
+def list_gpus(smi: str | None = "find") -> list[dict[str, Any]]:
+    """The GPUs ``nvidia-smi`` lists, in its index order (none where it is absent or fails)."""
+    smi = shutil.which("nvidia-smi") if smi == "find" else smi
+    return _query_gpus(smi) if smi else []
 
 
 def _cpu_model(cpuinfo: str) -> str:

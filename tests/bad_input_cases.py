@@ -657,6 +657,19 @@ for _id, _body, _says in (
     case(_id, SILENT, 2, says=(_says,))(_conditions_case('[[condition]]\nname = "a"\n' + _body))
 
 
+# `matrix --gpus-per-cell` (issue 33): refused before anything is made, where no cell fits
+# the host's GPUs (none here) and where the executor hands out no GPUs.
+@case("matrix-gpus-per-cell-beyond-the-host", SILENT, 2, says=("expected at least 99 GPU(s)",))
+def _(t):
+    parts = ["--executor", "bare", "--parts", str(t.installset()), "--vllm", "0.32.0"]
+    return ["matrix", *parts, "--gpus-per-cell", "99", "--out", str(t / "matrix")]
+
+
+@case("matrix-gpus-per-cell-not-bare", SILENT, 2, says=("applies to --executor bare",))
+def _(t):
+    return ["matrix", "--vllm", "0.32.0", "--gpus-per-cell", "2", "--out", str(t / "matrix")]
+
+
 # -- accepted silently: engine environments and patches
 
 

@@ -18,6 +18,8 @@
 # measured H200 host that is jsonschema with its format-nongpl extra, fetched where pip works:
 #   pip download --only-binary=:all: --python-version 3.12 --platform manylinux_2_17_x86_64 \
 #     -d WHEELS 'jsonschema[format-nongpl]'
+# REPRO_GPUS_PER_CELL=N: run the cells side by side, each on its own N GPUs (default: one
+# cell at a time with every GPU; docs/matrix.md, A bare GPU host).
 set -euo pipefail
 parts=$1 out=$2
 kit=$(cd "$(dirname "$0")/../.." && pwd)
@@ -29,4 +31,5 @@ export TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
 export NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS:-1}
 exec python3 -m repro matrix --executor bare --device cuda --parts "$parts" \
   ${REPRO_EXTRA_WHEELS:+--extra-wheels "$REPRO_EXTRA_WHEELS"} \
+  ${REPRO_GPUS_PER_CELL:+--gpus-per-cell "$REPRO_GPUS_PER_CELL"} \
   --conditions "$conditions" --out "$out"

@@ -74,6 +74,15 @@ def _add_matrix(sub: argparse._SubParsersAction) -> None:
         help="--executor bare: run the profiles on this device (a bare GPU host: cuda)",
     )
     m.add_argument(
+        "--gpus-per-cell",
+        type=_gpu_count,
+        default=None,
+        metavar="N",
+        help="--executor bare: run floor(GPUs / N) cells at once, each on its own N of the "
+        "host's GPUs (those CUDA_VISIBLE_DEVICES names, else nvidia-smi's); default: one cell "
+        "at a time with every GPU (N is not read from the profile)",
+    )
+    m.add_argument(
         "--dry-run",
         action="store_true",
         help="check every condition as the matrix would and print what it would do (with "
@@ -90,6 +99,15 @@ def _cell_count(text: str) -> int:
     if value is None:
         raise argparse.ArgumentTypeError(
             f"expected a whole number of cells, 1 or more; got {text!r}"
+        )
+    return value
+
+
+def _gpu_count(text: str) -> int:
+    value = positive_int(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number of GPUs per cell, 1 or more; got {text!r}"
         )
     return value
 

@@ -1,29 +1,33 @@
 """`matrix --executor bare`: the matrix on a host with no Docker and no network.
 
     python -m repro matrix --executor bare --parts SET_DIR [--parts SET_DIR ...] \
-        [--extra-wheels DIR] [--device cuda] --conditions FILE --out DIR
+        [--extra-wheels DIR] [--device cuda] [--gpus-per-cell N] --conditions FILE --out DIR
 
 Each `--parts` folder is one install set (`python -m repro.installset build`), carried to the
 host. A condition runs on the set whose vLLM release it names, installed once per (set, patch
 set) into a reused tree (`repro.venv.host_tree`, `python -m repro host-install`), with this host's
-python: the cells run one after another, each `python -m repro run` with the tree on
-PYTHONPATH. Everything else is the local matrix's: a finished cell with the same content
-hash is kept, so when the machine goes away mid-way, the same command on a new one (the
-parts carried again, the matrix directory brought back) installs the trees again and runs
-only what did not finish. A condition with no set, or whose tree cannot be made, gets
+python. Every tree the cells need is made or reused before the first cell starts; then the
+cells run, each `python -m repro run` with the tree on PYTHONPATH: one after another with
+every GPU, or with `--gpus-per-cell N` floor(GPUs / N) at a time, each on its own N GPUs
+(`repro.fanout.gpu_slices`). Everything else is the local matrix's: a finished cell with the
+same content hash is kept, so when the machine goes away mid-way, the same command on a new
+one (the parts carried again, the matrix directory brought back) installs the trees again
+and runs only what did not finish. A condition with no set, or whose tree cannot be made, gets
 `error` records naming why; the other cells still run.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import queue
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from repro.core.errors import ReproError
-from repro.fanout import cell
+from repro.fanout import cell, gpu_slices
 from repro.fanout.conditions import BadCondition, Condition
 from repro.venv import host_tree
 
@@ -90,12 +94,18 @@ def tree_spec(item: Condition, options: BareOptions) -> host_tree.TreeSpec:
 
 
 def dry_run(
-    items: list[Condition | BadCondition], out_dir: Path, options: BareOptions, finished: set[str]
+    items: list[Condition | BadCondition],
+    out_dir: Path,
+    options: BareOptions,
+    finished: set[str],
+    slicing: gpu_slices.Slicing | None = None,
 ) -> str:
     """Each condition's set and tree (made or reused), without making anything; ``finished``
-    names the cells a run would keep."""
+    names the cells a run would keep, ``slicing`` how many run at once on which GPUs."""
     root = options.trees or host_tree.default_root()
     lines = [f"# matrix {out_dir}: {len(items)} condition(s) on this host; nothing made"]
+    if slicing is not None:
+        lines.append(f"# {slicing.describe()}")
     for item in items:
         if isinstance(item, BadCondition):
             lines.append(f"#   {item.name}: error ({item.problem})")
@@ -116,9 +126,71 @@ def dry_run(
     return "\n".join(lines)
 
 
-def run_bare(p, *, options: BareOptions, kit_source: Path, arm_timeout_s, log=print) -> None:
-    """Run the plan's cells one after another on their trees (see the module's text)."""
-    first_tree = None
+def run_bare(
+    p,
+    *,
+    options: BareOptions,
+    kit_source: Path,
+    arm_timeout_s,
+    slicing: gpu_slices.Slicing | None = None,
+    log=print,
+) -> None:
+    """Make or reuse each tree the cells need, then run the cells: one after another with
+    every GPU, or with ``slicing`` as many at once as it has slices, each on its own (see the
+    module's text)."""
+    ready = prepare_trees(p, options, kit_source=kit_source, log=log)
+
+    def one(item: Condition, tree: Path, gpus: tuple[str, ...] | None) -> None:
+        started = time.monotonic()
+        on = f" on GPU(s) {','.join(gpus)}" if gpus else ""
+        log(f"[matrix] {item.name}: running on {tree.name}{on}")
+        docs = cell.run_cell(
+            item,
+            p.out_dir / item.name,
+            kit_source=kit_source,
+            arm_timeout_s=arm_timeout_s,
+            engine_python=Path(sys.executable),
+            engine_path=tree,
+            device=options.device,
+            gpu_variables=gpu_slices.cell_variables(gpus, slicing.host) if gpus else None,
+            log=log,
+        )
+        states = ", ".join(f"{a} {d['verdict']['status']}" for a, d in docs.items())
+        log(f"[matrix] {item.name}: {states} ({time.monotonic() - started:.0f}s)")
+
+    if slicing is None:
+        for item, tree in ready:
+            one(item, tree, None)
+    else:
+        log(f"[matrix] {slicing.describe()}")
+        given: dict[str, tuple[str, ...]] = {}
+        free: queue.SimpleQueue[tuple[str, ...]] = queue.SimpleQueue()
+        for gpus in slicing.slices:
+            free.put(gpus)
+
+        def on_a_free_slice(job: tuple[Condition, Path]) -> None:
+            # One worker per slice, each holding at most one: a slice is always free here.
+            gpus = free.get()
+            given[job[0].name] = gpus
+            try:
+                one(*job, gpus)
+            finally:
+                free.put(gpus)
+
+        with ThreadPoolExecutor(max_workers=len(slicing.slices)) as pool:
+            # list(): a cell's unforeseen exception surfaces here, after the others finished.
+            list(pool.map(on_a_free_slice, ready))
+        p.gpus = slicing.record({i.name: given[i.name] for i, _ in ready if i.name in given})
+    borrow_validation(ready[0][1] if ready else None, options)
+
+
+def prepare_trees(
+    p, options: BareOptions, *, kit_source: Path, log=print
+) -> list[tuple[Condition, Path]]:
+    """Each cell to run with its tree, made or reused once per (set, patch set) before any
+    cell starts (two cells never install one tree together); a condition with no tree, or
+    from the conditions file's errors, gets its `error` records now."""
+    ready: list[tuple[Condition, Path]] = []
     trees: dict[Path, dict] = {}  # one record per tree, as matrix.json's environments
     for item in p.to_run:
         cell_dir = p.out_dir / item.name
@@ -142,26 +214,14 @@ def run_bare(p, *, options: BareOptions, kit_source: Path, arm_timeout_s, log=pr
             )
             log(f"[matrix] {item.name}: error (no tree: {exc})")
             continue
-        first_tree = first_tree or tree
         if tree in trees:
             trees[tree]["cells"].append(item.name)
         else:
             trees[tree] = _tree_record(item, tree, state, started)
             p.environments.append(trees[tree])
-        log(f"[matrix] {item.name}: running on {tree.name} ({state})")
-        docs = cell.run_cell(
-            item,
-            cell_dir,
-            kit_source=kit_source,
-            arm_timeout_s=arm_timeout_s,
-            engine_python=Path(sys.executable),
-            engine_path=tree,
-            device=options.device,
-            log=log,
-        )
-        states = ", ".join(f"{a} {d['verdict']['status']}" for a, d in docs.items())
-        log(f"[matrix] {item.name}: {states} ({time.monotonic() - started:.0f}s)")
-    borrow_validation(first_tree, options)
+            log(f"[matrix] tree {tree.name}: {state}")
+        ready.append((item, tree))
+    return ready
 
 
 def _describe_install(item: Condition) -> str:

