@@ -20,6 +20,7 @@ import json
 import os
 import queue
 import secrets
+import signal
 import subprocess
 import sys
 import threading
@@ -285,13 +286,25 @@ def _run_engine_process(
         reason = (
             f"timed out after {timeout_s:.0f} s and was killed"
             if timed_out
-            else f"exited with status {returncode} before writing its record"
+            else f"{_exit_text(returncode)} before writing its record"
         )
         documents[current] = _crash_record(
             current, contexts[current], out_dir, f"the {current} arm's process {reason}", elapsed
         )
         screen.finished(current, _verdict_text(documents[current]))
     return documents
+
+
+def _exit_text(returncode: int) -> str:
+    """How the arm's process ended, the signal named: SIGILL (an instruction this CPU refused)
+    and SIGKILL (often the kernel's out-of-memory killer) each point somewhere else."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"was killed by {name} (status {returncode})"
+    return f"exited with status {returncode}"
 
 
 def _finish_record(

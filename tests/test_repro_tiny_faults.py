@@ -80,7 +80,7 @@ def test_a_killed_engine_process_leaves_the_arms_record_and_the_next_arm_runs(
 
     crashed = load(out, "multi-turn")
     assert crashed["verdict"]["status"] == "error"
-    assert "exited with status -9" in crashed["verdict"]["reason"], crashed["verdict"]
+    assert "was killed by SIGKILL (status -9)" in crashed["verdict"]["reason"], crashed["verdict"]
     (entry,) = crashed["logs"]
     assert entry["path"] == "logs/multi-turn.log"
     assert sha256_file(out / entry["path"]) == entry["sha256"]
