@@ -19,6 +19,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from cpu_limits import needs_0_26_0_prefill
 from test_installset import make_wheel
 
 from repro.core.atomicio import sha256_file
@@ -181,6 +182,7 @@ def test_a_tree_the_kit_cannot_validate_with_is_refused(host_python, install_set
     )
 
 
+@needs_0_26_0_prefill
 def test_the_bare_matrix_gives_the_red_green_and_resumes_on_a_new_machine(
     host_python, install_set, tmp_path, record_property
 ):

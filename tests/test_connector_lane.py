@@ -24,6 +24,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from cpu_limits import needs_0_26_0_prefill
 from user_connectors import USER_CONNECTOR
 
 from repro import evidence, ladder
@@ -75,6 +76,7 @@ def run_ladder(run_kit, out: Path, version: str, connector: str, *patches: Path)
     return doc
 
 
+@needs_0_26_0_prefill
 def test_probe_connector_alone_corrupts_the_patched_0_26_0(run_kit, tmp_path):
     doc = run_ladder(run_kit, tmp_path / "run", "0.26.0", "probe", PR51113_PORT)
     assert doc["ladder"]["reference"]["verdict"]["status"] == "clean"

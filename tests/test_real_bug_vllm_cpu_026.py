@@ -32,13 +32,14 @@ import json
 from pathlib import Path
 
 import pytest
+from cpu_limits import needs_0_26_0_prefill
 
 from repro import evidence
 from repro.artifact import validate_artifact
 from repro.core.atomicio import sha256_file
 from repro.venv import engine_venvs
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, needs_0_26_0_prefill]
 
 REPO = Path(__file__).resolve().parent.parent
 VERSION = "0.26.0"

@@ -31,6 +31,7 @@ import json
 from pathlib import Path
 
 import pytest
+from cpu_limits import needs_0_26_0_prefill
 
 from repro import evidence
 from repro.artifact import validate_artifact
@@ -116,6 +117,7 @@ def test_the_chunk_rule_revert_restores_only_valid_states_on_0_32_0(
     assert section["invalid"] == 0, section
 
 
+@needs_0_26_0_prefill
 def test_the_eagle_margin_revert_reaches_deeper_hits_and_each_is_judged(
     run_kit, tmp_path, record_property
 ):

@@ -18,6 +18,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from cpu_limits import needs_0_26_0_prefill
 
 from repro.engine.stats_tap import SchedulerStatsTap
 from repro.models import tinymodel
@@ -80,6 +81,7 @@ def probe(python: str | Path) -> dict:
 
 
 @pytest.mark.engine
+@needs_0_26_0_prefill
 def test_vllm_0_26_0_metrics_miss_a_hit_the_kit_counts():
     result = probe(engine_venvs.ensure_engine_env("0.26.0", [], kit_source=REPO))
     assert result["source"] == "scheduler-stats"
