@@ -491,6 +491,24 @@ def test_engaged_and_corrupted_outcomes_under_upstream_rules():
     assert fault["verdict"]["outcome"] == "corrupted"
 
 
+def test_a_clean_cell_over_invalid_restores_is_neither_cured_nor_plain_clean():
+    """The H100 async-off cell: recall clean, the witness saw 14 mid-block restores."""
+    path = (
+        Path(__file__).resolve().parent.parent
+        / "artifacts/examples/h100-bare-matrix-resume-vllm-0.26.0/matrix/0.26.0-async-off"
+        / "cold-race.json"
+    )
+    doc = json.loads(path.read_text())
+    assert doc["verdict"]["status"] == "clean"
+    for cured in (True, False):
+        cell = report.matrix_cell(doc, cured=cured, seed_figures=True)
+        assert cell.startswith(
+            "🟡 clean, but the engine restored 14 invalid states: this model/geometry does "
+            "not show them (hit ratio 0.413, wave 2 0.086)"
+        ), cell
+        assert "witness: 14 invalid of 14 (14 cold-race)" in cell
+
+
 def test_the_results_table_shows_the_report_s_figures_and_says_what_they_count(monkeypatch, capsys):
     """The end-of-run table's hits and queries are the ones the verdict's reason names, and its
     drafts the report's: the arm's own waves. Under upstream's rules the reason counts the
