@@ -177,6 +177,8 @@ def test_b_derived_before_boot_is_the_booted_engines_and_a_mismatch_is_refused(
     _, docs = clean_run
     cold = docs["cold-race"]
     assert cold["run"]["phases_s"]["derive"] > 0
+    # Two engines, each shut down inside the arm: a phase of its own.
+    assert cold["run"]["phases_s"]["shutdown"] > 0
     b = cold["geometry"]["mamba_block_size"]
     assert second_engine["derived"] == b
     assert cold["geometry"]["max_num_batched_tokens"] == round(1.25 * b)

@@ -110,6 +110,7 @@ def run_cold_race(
         sampling = prepared["sampling"]
         ctl_w1, control.counters["wave1"] = run_wave(engine, waves.wave1, sampling, timer)
         ctl_w2, control.counters["wave2"] = run_wave(engine, waves.wave2, sampling, timer)
+    timer.add("shutdown", engine.shutdown_seconds)
     results = [_result(profile, prepared, run, control, ctl_w1, ctl_w2, timer) for run in runs]
     return with_reference(results)
 
@@ -144,6 +145,7 @@ def _apc_run(profile, model_path, timer, block_size, prepared: dict, connector) 
             # Upstream reads the probe's hits only after the long decode, and waits for them.
             apc.counters[PROBE] = engine.counters_moved(baseline, "prefix_cache_hits") - baseline
         apc.witness = dict(engine.witness_status)
+    timer.add("shutdown", engine.shutdown_seconds)
     return {"apc": apc, "wave1": apc_w1, "wave2": apc_w2, "probe": second + decodes}
 
 

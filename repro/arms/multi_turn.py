@@ -70,6 +70,7 @@ def run_multi_turn(
                 answered += known
             run["control_wave2"] = known[0][1]
         control.counters["wave2"] = answered[-1][2]
+    timer.add("shutdown", engine.shutdown_seconds)
     codes = (
         [m.codes[v] for m, v in zip(prepared["manuals"], prepared["vaults"], strict=True)]
         if profile.signal == "needle"
@@ -91,6 +92,7 @@ def _apc_run(profile: Profile, model_path: str, timer, prepared: dict, connector
         wave2 = _second_turns(engine, profile, prepared["wave1"], apc_w1, prepared["vaults"])
         apc_w2, apc.counters["wave2"] = run_wave(engine, wave2, prepared["turn_two"], timer)
         apc.witness = dict(engine.witness_status)
+    timer.add("shutdown", engine.shutdown_seconds)
     return {"apc": apc, "wave1": apc_w1, "wave2": apc_w2, "wave2_prompts": wave2}
 
 

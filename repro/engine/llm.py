@@ -114,6 +114,7 @@ class Engine:
         self.applied_settings: dict[str, Any] = {}
         self.dropped_settings: list[str] = []
         self.boot_seconds: float | None = None
+        self.shutdown_seconds: float | None = None
         self._llm = None
         self._fault_baseline: list[int] | None = None
         # Restored states the fault perturbed in this engine ("applied"), or that its workers'
@@ -174,6 +175,7 @@ class Engine:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
+        started = time.perf_counter()
         if self._llm is not None and os.environ.get(FAULT_ENV):
             self._count_faults()
         llm, self._llm = self._llm, None
@@ -185,6 +187,8 @@ class Engine:
             pass
         del llm
         freeze_long_lived_objects()
+        # A phase of its own in the record: on a GPU it is seconds between two engines.
+        self.shutdown_seconds = time.perf_counter() - started
 
     @property
     def llm(self):
