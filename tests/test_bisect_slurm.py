@@ -242,3 +242,51 @@ def test_a_two_way_bisect_through_slurm_finds_the_first_changed_step(
     assert again.stderr.count("kept (finished, same content hash)") == 4
     assert "[slurm] submitted" not in again.stderr
     assert json.loads((out / "bisect.json").read_text())["first_changed"] == FAULT_STEP
+
+
+def test_a_local_round_makes_each_engine_first_and_an_engine_that_fails_is_a_skip(
+    tmp_path, monkeypatch
+):
+    """The local executor's wiring, with stand-ins for the engine: `prepare_env` refuses one
+    step (as a diff that does not apply would) and `run_cell` writes the verdict a real run
+    would; that step gets its error record and is skipped, and a finished probe is kept."""
+    from repro.cli import build_parser
+    from repro.fanout import bisect as bisect_cmd
+    from repro.fanout import bisect_probes, cell
+    from repro.venv.engine_venvs import EngineEnvError
+
+    verdicts = {"0.32.0": "clean", "0002-note-in-logger": "clean", FAULT_STEP: "corrupted"}
+    verdicts |= {"0004-note-in-sampling-params": "corrupted", "0005-note-in-outputs": "corrupted"}
+    ran: list[str] = []
+
+    def prepare_env(item, **kw):
+        if item.name == "0001-note-in-version":
+            raise EngineEnvError("stand-in: the diff does not apply")
+        return Path(sys.executable), "reused"
+
+    def run_cell(item, cell_dir, **kw):
+        ran.append(item.name)
+        cell.write_condition(cell_dir, item)
+        status = verdicts[item.name]
+        record = {"verdict": {"status": status, "gate": None, "reason": f"stand-in {status}"}}
+        (cell_dir / "cold-race.json").write_text(json.dumps(record))
+        return {"cold-race": record}
+
+    monkeypatch.setattr(cell, "prepare_env", prepare_env)
+    monkeypatch.setattr(cell, "run_cell", run_cell)
+    out = tmp_path / "b"
+    args = build_parser().parse_args(["bisect", "--arm", "cold-race", *series_args(out)])
+    kind, refs, steps = bisect_cmd.ordered_refs(args)
+    prober = bisect_probes.Prober(args, out, kind, steps, log=lambda m: None)
+    probes = prober.run_round(["0.32.0", "0001-note-in-version", FAULT_STEP])
+    assert [p.status for p in probes] == ["clean", "error", "corrupted"]
+    assert ran == ["0.32.0", FAULT_STEP]
+    error = json.loads((out / "probes" / "0001-note-in-version" / "cold-race.json").read_text())
+    assert "stand-in: the diff does not apply" in error["verdict"]["reason"]
+    assert probes[1].skipped and probes[1].run_dir == "probes/0001-note-in-version"
+    # Step 3's condition carries the series' first three diffs on 0.32.0.
+    condition = json.loads((out / "probes" / FAULT_STEP / "condition.json").read_text())
+    assert condition["vllm"] == "0.32.0" and len(condition["patches"]) == 3
+    ran.clear()
+    assert [p.status for p in prober.run_round(["0.32.0"])] == ["clean"]
+    assert ran == []  # finished with the same content hash: kept
