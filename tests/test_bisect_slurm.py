@@ -207,6 +207,8 @@ def test_a_two_way_bisect_through_slurm_finds_the_first_changed_step(
     )
     seconds = time.monotonic() - started
     print(f"k=2 bisect through Slurm: {seconds:.0f}s\n{done.stderr[-4000:]}")
+    if done.returncode == 0:
+        print(json.dumps(json.loads((out / "bisect.json").read_text())["rounds"], indent=1))
     assert done.returncode == 0, done.stderr[-4000:]
     assert done.stdout.strip() == FAULT_STEP
     doc = json.loads((out / "bisect.json").read_text())
@@ -241,7 +243,9 @@ def test_a_two_way_bisect_through_slurm_finds_the_first_changed_step(
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stderr.count("kept (finished, same content hash)") == 4
     assert "[slurm] submitted" not in again.stderr
-    assert json.loads((out / "bisect.json").read_text())["first_changed"] == FAULT_STEP
+    resumed = json.loads((out / "bisect.json").read_text())
+    assert resumed["first_changed"] == FAULT_STEP
+    assert all(p["kept"] for p in resumed["probes"]) and not any(p["kept"] for p in doc["probes"])
 
 
 def test_a_local_round_makes_each_engine_first_and_an_engine_that_fails_is_a_skip(
@@ -288,5 +292,6 @@ def test_a_local_round_makes_each_engine_first_and_an_engine_that_fails_is_a_ski
     condition = json.loads((out / "probes" / FAULT_STEP / "condition.json").read_text())
     assert condition["vllm"] == "0.32.0" and len(condition["patches"]) == 3
     ran.clear()
-    assert [p.status for p in prober.run_round(["0.32.0"])] == ["clean"]
+    again = prober.run_round(["0.32.0"])
+    assert [(p.status, p.kept) for p in again] == [("clean", True)]
     assert ran == []  # finished with the same content hash: kept

@@ -128,10 +128,13 @@ class Prober:
                 )
         tasks = list((plan.slurm or {}).get("tasks", {}))
         job = (plan.slurm or {}).get("job_id")
-        return [
+        probes = [
             self._probe(item, f"{job}_{tasks.index(item.name)}" if item.name in tasks else None)
             for item in items
         ]
+        for probe in probes:
+            probe.kept = probe.ref in plan.kept
+        return probes
 
     def _slurm_options(self, items: list[Condition], *, dry_run: bool = False) -> slurm.Options:
         """The matrix's Slurm options for these probes (a CUDA probe without its image is

@@ -34,6 +34,7 @@ class Probe:
     reason: str
     slurm_job: str | None = None  # the array task that ran it ("JOB_TASK"), if one did
     round: int | None = None  # set by the search
+    kept: bool = False  # finished earlier with the same content hash: not run again
 
     @property
     def skipped(self) -> bool:
@@ -48,6 +49,7 @@ class Probe:
             "skipped": self.skipped,
             "reason": self.reason,
             "round": self.round,
+            "kept": self.kept,
         }
         if self.slurm_job is not None:
             record["slurm_job"] = self.slurm_job
