@@ -295,7 +295,8 @@ def matrix(session: nox.Session) -> None:
 
 @nox.session(default=False)
 def bisect(session: nox.Session) -> None:
-    """The first release (or main commit) whose verdict differs from the bad end's.
+    """The first release (or main commit, or patch-series step) whose verdict differs from the
+    bad end's; `--executor slurm --probes-at-once K` probes K refs a round as one job array.
 
     nox -s bisect -- --arm cold-race --bad 0.26.0 --good 0.32.0 --out DIR
     """

@@ -153,3 +153,48 @@ def _add_bisect(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--arm-timeout", type=float, default=None)
     b.add_argument("--commits", type=Path, help="main commits, one sha a line, history order")
     b.add_argument("--wheel-index", help="per-commit wheel index: URL/<sha>/ lists its wheels")
+    b.add_argument(
+        "--patch-series",
+        type=Path,
+        metavar="FILE",
+        help="refs are the steps of a patch series on --base: one diff a line, in order; "
+        "step i is the release with the first i diffs, named by the i-th diff's file stem",
+    )
+    b.add_argument("--base", metavar="RELEASE", help="with --patch-series: the release")
+    b.add_argument(
+        "--executor",
+        choices=["local", "slurm"],
+        default="local",
+        help="local: here, one probe at a time; slurm: each round one job array",
+    )
+    b.add_argument(
+        "--probes-at-once",
+        type=_probe_count,
+        default=1,
+        metavar="K",
+        help="--executor slurm: probes per round (K free GPUs or nodes); a round splits the "
+        "range left into K+1 parts (default 1: binary search)",
+    )
+    b.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default=None,
+        help="cuda: each probe in its own CUDA image, as a Slurm array task (default: the "
+        "profile's device)",
+    )
+    b.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="each candidate probe's engine (a CUDA image with its pins, or the commands that "
+        "build it) and the first round's sbatch script; nothing made or submitted",
+    )
+    _add_slurm_options(b)
+
+
+def _probe_count(text: str) -> int:
+    value = positive_int(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number of probes per round, 1 or more; got {text!r}"
+        )
+    return value

