@@ -23,18 +23,18 @@ def stat_text(*cores: tuple[int, int]) -> str:
     return "\n".join([*lines, "intr 1"]) + "\n"
 
 
-def test_one_worker_per_free_core_each_with_its_share():
-    two = suite_workers.choose([], {}, allowed=[0, 1], shares=QUIET, memory=22 * GIB)
-    assert (two.workers, two.threads_each) == (2, 1), two
-    assert two.xdist_args == ["-n", "2", "--dist", "loadfile"]
-    assert two.env == {CAP: "1"}
-    assert two.line() == (
-        "2 pytest worker(s), 1 engine thread(s) each (2 of 2 core(s) free, memory for 5)"
+def test_one_worker_per_free_core_and_one_more_each_with_its_share():
+    three = suite_workers.choose([], {}, allowed=[0, 1], shares=QUIET, memory=22 * GIB)
+    assert (three.workers, three.threads_each) == (3, 1), three
+    assert three.xdist_args == ["-n", "3", "--dist", "loadfile"]
+    assert three.env == {CAP: "1"}
+    assert three.line() == (
+        "3 pytest worker(s), 1 engine thread(s) each (2 of 2 core(s) free, memory for 5)"
     )
     eight = suite_workers.choose(
         [], {}, allowed=list(range(8)), shares={c: 0.0 for c in range(8)}, memory=64 * GIB
     )
-    assert (eight.workers, eight.threads_each) == (8, 1), eight
+    assert (eight.workers, eight.threads_each) == (9, 1), eight
 
 
 def test_memory_bounds_the_workers_and_the_free_cores_are_split_among_them():
@@ -61,8 +61,11 @@ def test_a_busy_core_is_left_out_of_the_count(tmp_path):
     shares = cpu_threads.sample_busy_share([0, 1], 0, stat=Stat())
     assert shares == {0: 0.9, 1: 0.05}
     busy = suite_workers.choose([], {}, allowed=[0, 1], shares=shares, memory=22 * GIB)
-    assert (busy.workers, busy.threads_each, busy.xdist_args) == (1, None, []), busy
+    assert (busy.workers, busy.threads_each) == (2, 1), busy
     assert busy.why.startswith("1 of 2 core(s) free")
+    # Every core busy: one free core is still counted, and one worker more.
+    worst = suite_workers.choose([], {}, allowed=[0, 1], shares={0: 1, 1: 1}, memory=22 * GIB)
+    assert (worst.workers, worst.threads_each) == (2, 1), worst
 
 
 def test_the_users_count_wins_and_splits_the_free_cores():

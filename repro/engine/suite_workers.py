@@ -1,11 +1,14 @@
 """How many pytest workers the test suite runs, and how many engine threads each one's gets.
 
 `nox -s tests` asks this module just before pytest starts (`python -m
-repro.engine.suite_workers [PYTEST_ARGS…]`, one JSON line). The rule is the local matrix's
-(`cpu_threads.engines_at_once`): one worker per core free over the runner's /proc/stat
-sample, as many as MemAvailable holds, and the free cores split among them. Each worker's
-engines get that share through `cpu_threads.CAP_ENV`, so engines of parallel workers do not
-oversubscribe the cores (docs/measured.md, §The test suite, has the figures).
+repro.engine.suite_workers [PYTEST_ARGS…]`, one JSON line): one worker per core free over
+the runner's /proc/stat sample and one more, as many as MemAvailable holds, and the free
+cores split among them. The extra worker is there because much of the suite waits rather than
+computes (process starts, image builds, Slurm's sweeps): on the 2-core machine the fixed three
+workers ran an engine-heavy subset faster than the one worker per free core chose, which left
+a fifth of the cores idle (docs/measured.md, §The test suite). Each worker's engines get
+their share through `cpu_threads.CAP_ENV`, so engines of parallel workers do not
+oversubscribe the cores.
 
 A worker count the user gave wins: `-n`/`--numprocesses` in the pytest arguments, else
 `REPRO_TEST_WORKERS` for the default run; so does a share the user set in `CAP_ENV`.
@@ -109,7 +112,8 @@ def choose(
         memory = cpu_threads.memory_available() if memory == "read" else memory
         # Memory that cannot be read allows one worker: a guess could exhaust it.
         by_memory = max(1, memory // WORKER_MEMORY_BYTES) if memory else 1
-        workers = min(free, by_memory)
+        # One worker more than the free cores: its waits are filled by the others' compute.
+        workers = min(free + 1, by_memory)
         room = f"memory for {by_memory}" if memory else "memory unread"
         why = f"{cores}, {room}"
     xdist = ["-n", str(workers), *DISTRIBUTION] if workers > 1 else []
