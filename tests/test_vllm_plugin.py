@@ -931,6 +931,11 @@ def test_restored_state_fault_moves_only_cache_hits(runs):
 
 
 if __name__ == "__main__":
+    # As the kit's engine process: the pool follows the cores free and this worker's share
+    # (repro.engine.cpu_threads), set before torch loads OpenMP.
+    from repro.engine import cpu_threads
+
+    cpu_threads.apply(cpu_threads.choose(os.environ), os.environ)
     _config = json.loads(sys.argv[1])
     print(RESULT_MARKER + json.dumps(_engine_main(_config)), flush=True)
     sys.exit(0)

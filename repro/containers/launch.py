@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from repro.engine.cpu_threads import CAP_ENV
 from repro.engine.process_vars import SHARED_CORES_VARIABLES, gpu_host_variables
 from repro.profiles import get_profile
 from repro.run_settings import RunSettings
@@ -97,6 +98,13 @@ class Launch:
         }
 
 
+def shared_cores_environment(host_env: Mapping[str, str]) -> dict[str, str]:
+    """What a host whose engines share its cores carries into the container: the wait policy
+    it asked for (OMP_WAIT_POLICY) and the share its engine keeps to (a test-suite worker's,
+    `cpu_threads.CAP_ENV`)."""
+    return {k: host_env[k] for k in (*SHARED_CORES_VARIABLES, CAP_ENV) if k in host_env}
+
+
 def profile_launch(
     request,
     *,
@@ -141,8 +149,7 @@ def profile_launch(
     if profile.device == "cuda":
         # The host's own values of the NVLink switches, where set, else the kit's defaults.
         environment.update(gpu_host_variables(host_env))
-    # A host whose engines share its cores (the test suite) waits passively in here too.
-    environment.update({k: host_env[k] for k in SHARED_CORES_VARIABLES if k in host_env})
+    environment.update(shared_cores_environment(host_env))
     if weights_pin is not None:  # the host's check of the mounted weights
         environment[PIN_ENV] = json.dumps(weights_pin, sort_keys=True)
     mounts = (

@@ -7,7 +7,9 @@ default. Each forward pass ends at a barrier where the threads spin: with one co
 another process, the thread on that core is late at every barrier and the others spin
 waiting for it (docs/measured.md, §A busy core). So the engine process is given one thread
 per core that is idle over a short sample, and nothing is set where every core is idle (a
-solo run keeps OpenMP's defaults). An OpenMP variable the user set is kept as it is.
+solo run keeps OpenMP's defaults). An OpenMP variable the user set is kept as it is. Where
+the engine is one of several started side by side by a process that split the cores among
+them (a test-suite worker: `repro.engine.suite_workers`), its pool is at most that share.
 
 The choice is recorded in each artifact (`engine.cpu_threads`) with the sample behind it.
 """
@@ -32,6 +34,10 @@ PROC_STAT = Path("/proc/stat")
 # engine's share of the cores, in threads. Engines started together would each see the
 # cores free and each take them all.
 SHARE_ENV = "REPRO_ENGINE_CPU_SHARE"
+# Set by the test suite for each pytest worker (`repro.engine.suite_workers`): the most threads
+# an engine of that worker may take. The engine still samples the cores (it may get fewer),
+# and a matrix started in that worker splits this share, not the machine.
+CAP_ENV = "REPRO_ENGINE_CPU_CAP"
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,8 @@ class CpuThreads:
     # variables decide; "unread": no per-core figures here.
     chosen_by: str
     variables: dict[str, str]
+    # The most threads this process's share allowed (`CAP_ENV`); None: no such share.
+    share_cap: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -92,6 +100,18 @@ def sample_busy_share(
     return shares
 
 
+def share_cap(user_env: Mapping[str, str]) -> int | None:
+    """The share `CAP_ENV` gives this process, in threads (None: not set)."""
+    value = user_env.get(CAP_ENV, "").strip()
+    return max(1, int(value)) if value else None
+
+
+def free_cores(allowed: list[int], shares: dict[int, float] | None) -> int:
+    """The allowed cores not busy over the sample (at least one; all where none was taken)."""
+    busy = sum(1 for cpu in allowed if (shares or {}).get(cpu, 0.0) >= BUSY_SHARE)
+    return max(1, len(allowed) - busy)
+
+
 def choose(
     user_env: Mapping[str, str],
     *,
@@ -107,16 +127,22 @@ def choose(
     if user_env.get(SHARE_ENV):
         share = int(user_env[SHARE_ENV])
         return CpuThreads(allowed, [], None, share, "matrix", {"OMP_NUM_THREADS": str(share)})
+    cap = share_cap(user_env)
     if shares == "sample":
         shares = sample_busy_share(allowed)
     if shares is None:
-        return CpuThreads(allowed, [], None, None, "unread", {})
+        if cap is not None and cap < len(allowed):
+            # No per-core figures, but a share: the share alone bounds the pool.
+            variables = {"OMP_NUM_THREADS": str(cap)}
+            return CpuThreads(allowed, [], None, cap, "kit", variables, cap)
+        return CpuThreads(allowed, [], None, None, "unread", {}, cap)
     busy = [cpu for cpu in allowed if shares.get(cpu, 0.0) >= BUSY_SHARE]
     rounded = {str(cpu): round(shares.get(cpu, 0.0), 3) for cpu in allowed}
-    if not busy:
-        return CpuThreads(allowed, [], rounded, len(allowed), "default", {})
-    threads = max(1, len(allowed) - len(busy))
-    return CpuThreads(allowed, busy, rounded, threads, "kit", {"OMP_NUM_THREADS": str(threads)})
+    threads = min(free_cores(allowed, shares), cap or len(allowed))
+    if threads == len(allowed):
+        return CpuThreads(allowed, [], rounded, threads, "default", {}, cap)
+    variables = {"OMP_NUM_THREADS": str(threads)}
+    return CpuThreads(allowed, busy, rounded, threads, "kit", variables, cap)
 
 
 def apply(choice: CpuThreads, env: MutableMapping[str, str]) -> None:
@@ -157,14 +183,15 @@ def engines_at_once(
     allowed: list[int] | None = None,
     shares: dict[int, float] | None | str = "sample",
     memory: int | None | str = "read",
+    cap: int | None = None,
 ) -> EnginesAtOnce:
     """One engine per free core (each with one thread), as many as memory holds; `requested`
-    (the user's --cells-at-once) overrides the count, and the free cores are split among them."""
+    (the user's --cells-at-once) overrides the count, and the free cores are split among them.
+    `cap`, the share this process was given (`share_cap`), bounds the free cores."""
     allowed = sorted(os.sched_getaffinity(0)) if allowed is None else sorted(allowed)
     if shares == "sample":
         shares = sample_busy_share(allowed)
-    free = len(allowed) - sum(1 for c in allowed if (shares or {}).get(c, 0.0) >= BUSY_SHARE)
-    free = max(1, free)
+    free = min(free_cores(allowed, shares), cap or len(allowed))
     if requested is not None:
         at_once = max(1, min(requested, cells))
         why = f"--cells-at-once {requested}"
@@ -174,6 +201,7 @@ def engines_at_once(
         by_memory = max(1, memory // ENGINE_MEMORY_BYTES) if memory else 1
         at_once = max(1, min(free, by_memory, cells))
         room = f"memory for {by_memory}" if memory else "memory unread"
-        why = f"{free} free core(s), {room}, {cells} cell(s)"
+        shared = f" (its share: {CAP_ENV}={cap})" if cap else ""
+        why = f"{free} free core(s){shared}, {room}, {cells} cell(s)"
     threads_each = max(1, free // at_once) if at_once > 1 else None
     return EnginesAtOnce(at_once, threads_each, why)

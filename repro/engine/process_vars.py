@@ -25,9 +25,11 @@ GPU_HOST_VARIABLES: dict[str, str] = {
 
 # On the CPU the kit sets nothing: OpenMP's default wait policy spins at barriers, which an
 # engine alone needs (passive waiting made raw vLLM's tiny arms take 64 s instead of 45 s).
-# Where CPU engines share cores (the test suite's workers, a matrix's cells on one machine)
-# they spin at each other's barriers; OMP_WAIT_POLICY=PASSIVE, which the kit passes on where
-# the user sets it, is the cure there (docs/measured.md, §Engines on two cores).
+# Where CPU engines share cores they spin at each other's barriers; OMP_WAIT_POLICY=PASSIVE,
+# which the kit passes on where the user sets it, is one cure
+# (docs/measured.md, §Engines on two cores). The kit's own is a share of the cores per engine:
+# a matrix's cells and the test suite's workers get one (repro.engine.cpu_threads,
+# repro.engine.suite_workers).
 CPU_HOST_VARIABLES: dict[str, str] = {}
 SHARED_CORES_VARIABLES = {"OMP_WAIT_POLICY": "PASSIVE"}
 

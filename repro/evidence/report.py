@@ -335,8 +335,13 @@ def cpu_threads_text(run: Run) -> str:
         if not choice:
             continue  # a GPU run, an error record, or a record from before the choice
         if choice["chosen_by"] == "kit":
-            busy = ", ".join(str(cpu) for cpu in choice["busy_cpus"])
-            what = f"{choice['threads']} of {len(choice['allowed_cpus'])} (busy at start: {busy})"
+            busy = ", ".join(str(cpu) for cpu in choice["busy_cpus"]) or "none"
+            cap = choice.get("share_cap")
+            share = f"; its share: {cap}" if cap else ""
+            what = (
+                f"{choice['threads']} of {len(choice['allowed_cpus'])} "
+                f"(busy at start: {busy}{share})"
+            )
         elif choice["chosen_by"] == "matrix":
             what = f"{choice['threads']} of {len(choice['allowed_cpus'])} (its share of a matrix)"
         elif choice["chosen_by"] == "default":

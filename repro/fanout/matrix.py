@@ -407,7 +407,9 @@ def run_local(
 ) -> None:
     """The cells here, several at once on the CPU where the cores and memory allow
     (`repro.engine.cpu_threads.engines_at_once`); each cell's engine gets its share."""
-    plan_ = cpu_threads.engines_at_once(len(p.to_run), requested=cells_at_once)
+    plan_ = cpu_threads.engines_at_once(
+        len(p.to_run), requested=cells_at_once, cap=cpu_threads.share_cap(os.environ)
+    )
     if len(p.to_run) > 1:
         log(
             f"[matrix] {plan_.at_once} cell(s) at once"
