@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from repro.cli.arg_values import positive_int
+from repro.cli.arg_values import positive_int_type
 from repro.core.vocabulary import ARMS
 from repro.fanout import bisect, cell, matrix
 from repro.profiles import PROFILES
@@ -47,7 +47,7 @@ def _add_matrix(sub: argparse._SubParsersAction) -> None:
     )
     m.add_argument(
         "--cells-at-once",
-        type=_cell_count,
+        type=positive_int_type("expected a whole number of cells, 1 or more; got {text!r}"),
         default=None,
         metavar="N",
         help="--executor local: cells run at the same time, the free cores split among their "
@@ -75,7 +75,7 @@ def _add_matrix(sub: argparse._SubParsersAction) -> None:
     )
     m.add_argument(
         "--gpus-per-cell",
-        type=_gpu_count,
+        type=positive_int_type("expected a whole number of GPUs per cell, 1 or more; got {text!r}"),
         default=None,
         metavar="N",
         help="--executor bare: run floor(GPUs / N) cells at once, each on its own N of the "
@@ -92,24 +92,6 @@ def _add_matrix(sub: argparse._SubParsersAction) -> None:
     _add_slurm_options(m)
     c = sub.add_parser("matrix-cell", help="(internal) one matrix cell, as a Slurm task runs it")
     c.add_argument("--cell", type=Path, required=True)
-
-
-def _cell_count(text: str) -> int:
-    value = positive_int(text)
-    if value is None:
-        raise argparse.ArgumentTypeError(
-            f"expected a whole number of cells, 1 or more; got {text!r}"
-        )
-    return value
-
-
-def _gpu_count(text: str) -> int:
-    value = positive_int(text)
-    if value is None:
-        raise argparse.ArgumentTypeError(
-            f"expected a whole number of GPUs per cell, 1 or more; got {text!r}"
-        )
-    return value
 
 
 def _add_slurm_options(parser: argparse.ArgumentParser) -> None:
@@ -169,7 +151,9 @@ def _add_bisect(sub: argparse._SubParsersAction) -> None:
     )
     b.add_argument(
         "--probes-at-once",
-        type=_probe_count,
+        type=positive_int_type(
+            "expected a whole number of probes per round, 1 or more; got {text!r}"
+        ),
         default=1,
         metavar="K",
         help="--executor slurm: probes per round (K free GPUs or nodes); a round splits the "
@@ -189,12 +173,3 @@ def _add_bisect(sub: argparse._SubParsersAction) -> None:
         "build it) and the first round's sbatch script; nothing made or submitted",
     )
     _add_slurm_options(b)
-
-
-def _probe_count(text: str) -> int:
-    value = positive_int(text)
-    if value is None:
-        raise argparse.ArgumentTypeError(
-            f"expected a whole number of probes per round, 1 or more; got {text!r}"
-        )
-    return value

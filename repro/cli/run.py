@@ -33,7 +33,7 @@ from repro import (
     sensitivity,
 )
 from repro.artifact import schema_violations
-from repro.cli.arg_values import positive_int
+from repro.cli.arg_values import positive_int_type
 from repro.cli.images import cuda_lock_path, vllm_ref
 from repro.cli.models import check_weights_pin, pinned_snapshot
 from repro.containers import cuda, docker_client, images
@@ -245,14 +245,11 @@ def _repeat_count(text: str) -> int:
     return value
 
 
-def _gpu_count(text: str) -> int:
-    value = positive_int(text)
-    if value is None:
-        raise argparse.ArgumentTypeError(
-            f"expected a positive whole number of GPUs (the tensor parallel size), found "
-            f"{text!r}; leave --tp out to use every GPU of this host"
-        )
-    return value
+# --tp's type: refused with what it means and how to leave it to the host.
+_gpu_count = positive_int_type(
+    "expected a positive whole number of GPUs (the tensor parallel size), found {text!r}; "
+    "leave --tp out to use every GPU of this host"
+)
 
 
 def _step_count(text: str) -> int:
