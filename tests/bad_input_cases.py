@@ -309,6 +309,13 @@ def _(t):
     return ["compare", str(run), str(run), "--out", str(t / "notes.md")]
 
 
+@case("bisect-out-an-unrelated-file", WRITES, 2)
+def _(t):
+    t.write("notes.md", "my notes\n")
+    return ["bisect", "--arm", "cold-race", "--bad", "0.26.0", "--good", "0.32.0", "--out",
+            str(t / "notes.md")]  # fmt: skip
+
+
 @case("bundle-out-an-existing-bundle", WRITES, 2)
 def _(t):
     bundle = t.bundle()

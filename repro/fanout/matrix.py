@@ -408,14 +408,23 @@ def run_local(
     """The cells here, several at once on the CPU where the cores and memory allow
     (`repro.engine.cpu_threads.engines_at_once`); each cell's engine gets its share. CUDA
     cells (each in its own image) run one after another first: they share this host's GPUs."""
-    for item in [i for i in p.to_run if i.run_device == "cuda"]:
+
+    def one(item: Condition, engine_threads: int | None = None) -> None:
         started = time.monotonic()
-        log(f"[matrix] {item.name}: running in its CUDA image")
+        log(f"[matrix] {item.name}: running")
         docs = cell.run_cell(
-            item, p.out_dir / item.name, kit_source=kit_source, arm_timeout_s=arm_timeout_s
+            item,
+            p.out_dir / item.name,
+            kit_source=kit_source,
+            arm_timeout_s=arm_timeout_s,
+            engine_threads=engine_threads,
+            log=log,
         )
         states = ", ".join(f"{a} {d['verdict']['status']}" for a, d in docs.items())
         log(f"[matrix] {item.name}: {states} ({time.monotonic() - started:.0f}s)")
+
+    for item in [i for i in p.to_run if i.run_device == "cuda"]:
+        one(item)
     cpu_cells = [i for i in p.to_run if i.run_device != "cuda"]
     plan_ = cpu_threads.engines_at_once(
         len(cpu_cells), requested=cells_at_once, cap=cpu_threads.share_cap(os.environ)
@@ -427,38 +436,25 @@ def run_local(
             + f" ({plan_.why})"
         )
 
-    def one(item: Condition) -> None:
-        started = time.monotonic()
-        log(f"[matrix] {item.name}: running")
-        docs = cell.run_cell(
-            item,
-            p.out_dir / item.name,
-            kit_source=kit_source,
-            arm_timeout_s=arm_timeout_s,
-            engine_threads=plan_.threads_each,
-            log=log,
-        )
-        states = ", ".join(f"{a} {d['verdict']['status']}" for a, d in docs.items())
-        log(f"[matrix] {item.name}: {states} ({time.monotonic() - started:.0f}s)")
-
     if plan_.at_once <= 1:
         for item in cpu_cells:
-            one(item)
+            one(item, plan_.threads_each)
         return
     with ThreadPoolExecutor(max_workers=plan_.at_once) as pool:
         # list(): a cell's unforeseen exception surfaces here, after the others finished.
-        list(pool.map(one, cpu_cells))
+        list(pool.map(lambda item: one(item, plan_.threads_each), cpu_cells))
 
 
-def check_out_dir(out: Path) -> Path:
-    """The matrix directory, resolved; refused when it names something that is not one."""
+def check_out_dir(out: Path, what: str = "matrix") -> Path:
+    """The `what` (matrix, bisect) directory, resolved; refused when it names something that
+    is not one."""
     if not str(out).strip():
-        raise ReproError("--out is empty; name the matrix directory")
+        raise ReproError(f"--out is empty; name the {what} directory")
     target = out.resolve()
     if target.exists() and not target.is_dir():
         raise ReproError(
-            f"--out {out} exists and is not a directory; name the matrix directory (new or "
-            f"an earlier matrix's, which is resumed)"
+            f"--out {out} exists and is not a directory; name the {what} directory (new or "
+            f"an earlier {what}'s, which is resumed)"
         )
     return target
 
