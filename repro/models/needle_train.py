@@ -120,10 +120,19 @@ QWEN3_NEXT_RECIPE: dict = {
 for _key in ("ssm_state_size", "layer_norm_epsilon"):
     QWEN3_NEXT_RECIPE.pop(_key)
 
+# The same Qwen3-Next with every layer a Gated DeltaNet: no attention layer can read a fact
+# back from the prompt, so recall runs through the recurrent state alone, the state the
+# prefix cache restores (docs/tiny-needle.md, "Recall through the recurrent state alone").
+QWEN3_NEXT_RECURRENT_RECIPE: dict = {
+    **QWEN3_NEXT_RECIPE,
+    "layer_types": ["linear_attention"] * 4,
+}
+
 #: The trained needle models, by the tiny model family that names them.
 RECIPES: dict[str, dict] = {
     "nemotron-h-needle": RECIPE,
     "qwen3-next-needle": QWEN3_NEXT_RECIPE,
+    "qwen3-next-needle-recurrent": QWEN3_NEXT_RECURRENT_RECIPE,
 }
 
 
