@@ -2,7 +2,7 @@
 
 `nox -s tests` asks this module just before pytest starts (`python -m
 repro.engine.suite_workers [PYTEST_ARGS…]`, one JSON line): one worker per core free over
-the runner's /proc/stat sample and one more, as many as MemAvailable holds, and the free
+a 2 s /proc/stat sample and one more, as many as MemAvailable holds, and the free
 cores split among them. The extra worker is there because much of the suite waits rather than
 computes (process starts, image builds, Slurm's sweeps): on the 2-core machine the fixed three
 workers ran an engine-heavy subset faster than the one worker per free core chose, which left
@@ -30,6 +30,10 @@ WORKERS_ENV = "REPRO_TEST_WORKERS"
 # at most, 1.27 GB each at their peak) beside a vLLM the worker imported for an in-process
 # test; one engine's bound with room (docs/measured.md, §A busy core) covers them.
 WORKER_MEMORY_BYTES = cpu_threads.ENGINE_MEMORY_BYTES
+# The suite decides once for a run of many minutes, so it samples longer than an engine start
+# does (cpu_threads.SAMPLE_S, 0.25 s): 200 ticks a core at Linux's 100 Hz instead of 25, so a
+# burst of nox's own pip or the daemons starting does not take a core from the whole run.
+SAMPLE_S = 2.0
 # Whole files to a worker: a file's module-scoped engine runs are made once.
 DISTRIBUTION = ["--dist", "loadfile"]
 
@@ -94,7 +98,7 @@ def choose(
     user_env = os.environ if user_env is None else user_env
     allowed = sorted(os.sched_getaffinity(0)) if allowed is None else sorted(allowed)
     if shares == "sample":
-        shares = cpu_threads.sample_busy_share(allowed)
+        shares = cpu_threads.sample_busy_share(allowed, SAMPLE_S)
     free = cpu_threads.free_cores(allowed, shares)
     cores = f"{free} of {len(allowed)} core(s) free" if shares is not None else "cores unread"
     named = requested_workers(pytest_args, len(allowed))
