@@ -279,14 +279,6 @@ TINY_NEEDLE = replace(
     ignore_eos=False,
     why_arms="both arms, graded on needle recall (a trained tiny model)",
 )
-# The same, with every layer a Gated DeltaNet (no attention layer to read a fact back from the
-# prompt): recall runs through the restored recurrent state alone (docs/tiny-needle.md).
-TINY_NEEDLE_RECURRENT = replace(
-    TINY_NEEDLE,
-    name="tiny-needle-recurrent",
-    model="repro-kit/tiny-qwen3-next-needle-recurrent (trained by the kit, committed checkpoint)",
-    tiny_model="qwen3-next-needle-recurrent",
-)
 # On the GPU: bf16 as trained (TINY_CUDA's float16 serves the log-prob noise floor only).
 TINY_NEEDLE_CUDA: dict[str, Any] = {
     **TINY_CUDA,
@@ -365,7 +357,6 @@ PROFILES: dict[str, Profile] = {
         TINY_NEMOTRON_H,
         TINY_NEMOTRON_H_TP4,
         TINY_NEEDLE,
-        TINY_NEEDLE_RECURRENT,
         TINY_NEEDLE_NEMOTRON_H,
         QWEN,
         NEMOTRON,
@@ -395,7 +386,6 @@ CUDA_VARIANTS: dict[str, dict[str, Any]] = {
     TINY.name: TINY_CUDA,
     TINY_NEMOTRON_H.name: TINY_NEMOTRON_H_CUDA,
     TINY_NEEDLE.name: TINY_NEEDLE_CUDA,
-    TINY_NEEDLE_RECURRENT.name: TINY_NEEDLE_CUDA,
     TINY_NEEDLE_NEMOTRON_H.name: TINY_NEEDLE_NEMOTRON_H_CUDA,
 }
 

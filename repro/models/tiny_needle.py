@@ -33,7 +33,6 @@ FAMILY = "nemotron-h-needle"  # the first one, and the default of every function
 CHECKPOINTS = {
     "nemotron-h-needle": _CHECKPOINTS / "tiny_needle",
     "qwen3-next-needle": _CHECKPOINTS / "tiny_needle_qwen3_next",
-    "qwen3-next-needle-recurrent": _CHECKPOINTS / "tiny_needle_qwen3_next_recurrent",
 }
 CHECKPOINT = CHECKPOINTS[FAMILY]
 SUMS = "SHA256SUMS"

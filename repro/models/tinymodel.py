@@ -93,8 +93,7 @@ def default_cache_dir() -> Path:
 # The "-needle" ones are trained, not built: their checkpoints are committed
 # (`repro.models.tiny_needle`).
 # "nemotron-h-tp4" is the NemotronH recipe with heads and groups that divide by 4 (issue 19).
-FAMILIES = ("qwen3-next", "nemotron-h", "nemotron-h-tp4", "nemotron-h-needle", "qwen3-next-needle",
-            "qwen3-next-needle-recurrent")
+FAMILIES = ("qwen3-next", "nemotron-h", "nemotron-h-tp4", "nemotron-h-needle", "qwen3-next-needle")
 
 
 def recipe_for(family: str) -> dict:
