@@ -211,6 +211,27 @@ def test_resolve_overrides_only_the_host_packages_that_need_it():
     assert fake.calls[-1] == ({"numba"}, set()), "last: the full closure, measured"
 
 
+def test_resolve_refuses_to_keep_the_hosts_torch_against_the_closure():
+    """vLLM 0.32.0 pins torch==2.13.0 and the lent hosts have 2.11.0: a set that kept the
+    host's torch would install a vLLM whose compiled kernels cannot load there."""
+
+    class PinsAnotherTorch(FakeUv):
+        def compile(self, requirements, *, constraints, overrides, excludes, find_links):
+            if "torch" not in {pin.split("==")[0].lower() for pin in overrides}:
+                raise UvFailed("No solution found: vllm==0.32.0 depends on torch==2.13.0 …")
+            return super().compile(
+                requirements,
+                constraints=constraints,
+                overrides=[*overrides, "numba==0.68.0"],
+                excludes=excludes,
+                find_links=find_links,
+            )
+
+    host = read_freeze(H200_FREEZE)
+    with pytest.raises(InstallSetError, match=r"another torch than the host's torch 2\.11\.0"):
+        resolve("vllm==0.32.0", host, PinsAnotherTorch())
+
+
 def test_resolve_refuses_a_root_the_host_has_and_a_closure_nothing_solves():
     with pytest.raises(InstallSetError, match="already has vllm"):
         resolve("vllm==0.26.0", parse_freeze("vllm==0.25.0\nnumba==0.68.0\n"), FakeUv())

@@ -48,6 +48,12 @@ VLLM_OPTIONAL: Mapping[str, str] = {
     "pynvvideocodec": _CODEC,
     "torchcodec": _CODEC,
 }
+# Host packages a wheel's compiled code is built against: keeping the host's version against
+# the closure would ship a vLLM whose kernels cannot load there (vLLM 0.32.0 pins
+# torch==2.13.0; the lent GPU hosts have 2.11.0), so such an override is refused.
+ABI_BOUND: Mapping[str, str] = {
+    "torch": "vLLM's compiled kernels are built against exactly the torch it pins",
+}
 # uv settings kept from the environment: how to reach the network, where to cache.
 _UV_KEEP = {"UV_CACHE_DIR", "UV_HTTP_TIMEOUT", "UV_NATIVE_TLS", "UV_CONCURRENT_DOWNLOADS"}
 
@@ -312,6 +318,15 @@ def resolve(
             log(f"the host's versions conflict with the closure; finding which of {len(used)}")
             overrides = fewest(used, lambda trial: attempt(trial) is not None)
             log(f"kept at the host's version against the closure: {', '.join(overrides)}")
+            if bound := [k for k in overrides if k in ABI_BOUND]:
+                held = ", ".join(f"{k} {host.packages[k].version}" for k in bound)
+                raise InstallSetError(
+                    f"{root} needs another {', '.join(bound)} than the host's {held}: uv "
+                    f"solves it only by keeping the host's version, and {ABI_BOUND[bound[0]]}, "
+                    "so the set would install a vLLM that cannot run on this host. Build a set "
+                    "for a release that pins the host's version (its wheel's Requires-Dist), "
+                    "or put the pinned version on the host first"
+                )
             locked = attempt(overrides)
         assert locked is not None  # `fewest` returns only answers uv solved
         full = []
