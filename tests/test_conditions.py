@@ -136,3 +136,18 @@ def test_a_file_that_is_not_conditions_or_not_utf8_stops_with_its_line(tmp_path)
     path.write_bytes(b'[[condition]]\nname = "caf\xe9"\n')
     with pytest.raises(ConditionsFileError, match="line 2 is not UTF-8 text"):
         conditions.load(path)
+
+
+def test_arms_are_those_of_the_profile_on_the_conditions_device(tmp_path):
+    """The tiny NemotronH runs the multi-turn arm on CUDA only: a condition that names the
+    device gets it, one on the profile's CPU is told which arms there are."""
+    body = '[[condition]]\nname = "n"\nvllm = "0.26.0"\nprofile = "tiny-nemotron-h"\n'
+    (on_gpu,) = conditions.load(write(tmp_path, body + 'device = "cuda"\narms = ["multi-turn"]\n'))
+    assert (
+        isinstance(on_gpu, Condition)
+        and on_gpu.arms == ("multi-turn",)
+        or on_gpu.arms == ["multi-turn"]
+    )
+    (on_cpu,) = conditions.load(write(tmp_path, body + 'arms = ["multi-turn"]\n'))
+    assert isinstance(on_cpu, BadCondition)
+    assert "arms must be a list out of ['cold-race']" in on_cpu.problem

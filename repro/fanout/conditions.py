@@ -48,7 +48,7 @@ from repro.core.atomicio import sha256_file
 from repro.core.errors import ReproError
 from repro.fanout import condition_refs
 from repro.fanout.condition_refs import ConditionRefError, EngineSource
-from repro.profiles import PROFILES, Profile
+from repro.profiles import PROFILES, NoDeviceVariant, Profile
 from repro.repeats import MAX_REPEATS
 from repro.venv import engine_venvs, patching
 
@@ -324,7 +324,14 @@ def _condition(
             f"unknown profile {profile!r}; expected one of {', '.join(sorted(PROFILES))}",
             "profile",
         )
-    known_arms = PROFILES[profile].arms
+    # The arms of the profile on the condition's device: the tiny NemotronH runs the
+    # multi-turn arm on CUDA only. A device it has no variant for is reported below.
+    device = table.get("device")
+    on = device if device in DEVICES else PROFILES[profile].device
+    try:
+        known_arms = PROFILES[profile].for_device(on).arms
+    except NoDeviceVariant:
+        known_arms = PROFILES[profile].arms
     if not isinstance(arms, list | tuple) or any(a not in known_arms for a in arms):
         return bad(f"arms must be a list out of {list(known_arms)}, got {arms!r}", "arms")
     fault = table.get("inject_fault", False)
