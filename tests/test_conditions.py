@@ -143,11 +143,7 @@ def test_arms_are_those_of_the_profile_on_the_conditions_device(tmp_path):
     device gets it, one on the profile's CPU is told which arms there are."""
     body = '[[condition]]\nname = "n"\nvllm = "0.26.0"\nprofile = "tiny-nemotron-h"\n'
     (on_gpu,) = conditions.load(write(tmp_path, body + 'device = "cuda"\narms = ["multi-turn"]\n'))
-    assert (
-        isinstance(on_gpu, Condition)
-        and on_gpu.arms == ("multi-turn",)
-        or on_gpu.arms == ["multi-turn"]
-    )
+    assert isinstance(on_gpu, Condition) and list(on_gpu.arms) == ["multi-turn"]
     (on_cpu,) = conditions.load(write(tmp_path, body + 'arms = ["multi-turn"]\n'))
     assert isinstance(on_cpu, BadCondition)
     assert "arms must be a list out of ['cold-race']" in on_cpu.problem
