@@ -154,7 +154,7 @@ def test_uv_commands_name_the_environment_and_keep_download_with_pip(tmp_path):
     cmd, env = tool.command(python, "install", "--quiet", "x==1", environ=environ)
     assert cmd[:5] == [tool.uv, "pip", "install", "--python", str(python)]
     assert cmd[-2:] == ["--quiet", "x==1"]
-    assert {"--no-index", "--offline", "--no-cache"} <= set(cmd)
+    assert {"--no-index", "--offline", "--no-cache", "--compile-bytecode"} <= set(cmd)
     assert env is not None and "UV_FIND_LINKS" not in env
     cmd, _ = tool.command(python, "uninstall", "--yes", "--quiet", "torchvision", environ=environ)
     assert cmd == [tool.uv, "pip", "uninstall", "--python", str(python), "--no-cache"] + [
@@ -245,9 +245,11 @@ def _make(kit: Path, version: str = "9.9.9") -> tuple[Path, dict]:
 @needs_uv
 def test_offline_install_with_uv_records_uv_and_leaves_no_cache(offline_host, monkeypatch):
     monkeypatch.delenv(installer.ENV_VAR, raising=False)
-    _python, marker = _make(offline_host["kit"])
+    python, marker = _make(offline_host["kit"])
     assert marker["installer"] == "uv"
     assert marker["vllm_version"] == "9.9.9"
+    # bytecode written at install, as pip writes it
+    assert list(python.parent.parent.glob("lib/python3.*/site-packages/fake_vllm_cpu/__pycache__"))
     # no-index: uv ran with no cache of its own, so nothing was written under XDG's cache
     assert not (offline_host["xdg"] / "uv").exists()
     assert not list(Path.cwd().glob(".cache/uv"))

