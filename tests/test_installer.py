@@ -250,15 +250,17 @@ def test_offline_install_with_uv_records_uv_and_leaves_no_cache(offline_host, mo
     assert marker["vllm_version"] == "9.9.9"
     # bytecode written at install, as pip writes it
     assert list(python.parent.parent.glob("lib/python3.*/site-packages/fake_vllm_cpu/__pycache__"))
+    # The kit's metadata changes: the next use reinstalls the kit (uv's --force-reinstall of a
+    # source tree) and records the new digest.
+    pyproject = offline_host["kit"] / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text() + "# changed\n")
+    assert _make(offline_host["kit"])[0] == python
+    marker = json.loads((python.parent.parent / engine_venvs.MARKER).read_text())
+    assert marker["kit_entry_points"] == engine_venvs._entry_points_digest(offline_host["kit"])
+    assert marker["installer"] == "uv"
     # no-index: uv ran with no cache of its own, so nothing was written under XDG's cache
     assert not (offline_host["xdg"] / "uv").exists()
     assert not list(Path.cwd().glob(".cache/uv"))
-
-
-def test_offline_install_with_pip_records_pip(offline_host, monkeypatch):
-    monkeypatch.setenv(installer.ENV_VAR, "pip")
-    _python, marker = _make(offline_host["kit"])
-    assert marker["installer"] == "pip"
 
 
 def test_pip_when_uv_is_absent_records_pip(offline_host, monkeypatch):
