@@ -84,6 +84,17 @@ def test_no_index_means_no_index_and_offline_for_local_find_links(value):
     assert args[args.index("--find-links") + 1] == "/opt/wheels"
 
 
+def test_trusted_hosts_are_allowed_insecure_hosts():
+    text = "global.trusted-host='mirror.example  other.example:8080'\n"
+    args = pip_settings.parse_config_list(text).uv_args()
+    assert args[-4:] == [
+        "--allow-insecure-host",
+        "mirror.example",
+        "--allow-insecure-host",
+        "other.example:8080",
+    ]
+
+
 def test_no_index_with_a_find_links_url_stays_online():
     text = ":env:.no-index='1'\n:env:.find-links='https://wheels.example/ /opt/wheels'\n"
     args = pip_settings.parse_config_list(text).uv_args()

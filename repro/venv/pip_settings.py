@@ -1,8 +1,8 @@
 """The host's pip configuration, as uv arguments: the same package sources for either installer.
 
 Engine environments inherit the host's pip configuration (`repro.venv.engine_venvs`): the
-index URL, extra index URLs, find-links (where this machine's `+cpu` torch lies), no-index and
-constraints. uv reads none of pip's files, so they are read here, with pip's own
+index URL, extra index URLs, find-links (where this machine's `+cpu` torch lies), no-index,
+constraints, trusted hosts, certificate and timeout. uv reads none of pip's files, so they are read here, with pip's own
 `pip config list` (every config file pip loads, already merged, and the `PIP_*` variables as
 `:env:.name`), and handed to uv on its command line.
 
@@ -29,7 +29,7 @@ import sys
 from dataclasses import dataclass, field
 
 # The pip options that choose where packages come from; values are pip's names.
-MULTI = ("extra-index-url", "find-links", "constraint")
+MULTI = ("extra-index-url", "find-links", "constraint", "trusted-host")
 SINGLE = ("index-url", "no-index", "cert", "default-timeout")
 TRUE = ("1", "true", "yes", "on")
 # uv's own variables that would pick other package sources than pip's: dropped, so that the
@@ -55,6 +55,7 @@ class PipSettings:
     find_links: tuple[str, ...] = ()
     no_index: bool = False
     constraints: tuple[str, ...] = ()
+    trusted_hosts: tuple[str, ...] = ()
     cert: str | None = None
     timeout: str | None = None
     raw: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
@@ -75,6 +76,8 @@ class PipSettings:
             args += ["--find-links", link]
         for constraint in self.constraints:
             args += ["--constraint", constraint]
+        for host in self.trusted_hosts:
+            args += ["--allow-insecure-host", host]
         return args
 
     def uv_env(self, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -128,6 +131,7 @@ def settings_from(options: dict[str, str]) -> PipSettings:
         find_links=many("find-links"),
         no_index=options.get("no-index", "").strip().lower() in TRUE,
         constraints=many("constraint"),
+        trusted_hosts=many("trusted-host"),
         cert=options.get("cert") or None,
         timeout=options.get("default-timeout") or options.get("timeout") or None,
         raw=dict(options),
