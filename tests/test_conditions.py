@@ -147,3 +147,13 @@ def test_arms_are_those_of_the_profile_on_the_conditions_device(tmp_path):
     (on_cpu,) = conditions.load(write(tmp_path, body + 'arms = ["multi-turn"]\n'))
     assert isinstance(on_cpu, BadCondition)
     assert "arms must be a list out of ['cold-race']" in on_cpu.problem
+
+
+@pytest.mark.parametrize(
+    "path", sorted((REPO / "containers").rglob("*.toml")), ids=lambda p: p.name
+)
+def test_the_conditions_files_the_kit_ships_load_without_a_bad_condition(path):
+    items = conditions.load(path)
+    assert items and all(isinstance(i, Condition) for i in items), [
+        getattr(i, "problem", None) for i in items
+    ]
