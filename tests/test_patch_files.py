@@ -74,6 +74,13 @@ def test_header_names_its_source_pr(path: Path):
     assert all(line.startswith("#") or not line.strip() for line in text.splitlines()), (
         f"{path.name}: header lines must be '#' comments so patch and the kit ignore them"
     )
+    if path.parent.name == "reverts" and "-defect-" in path.name:
+        # A defect brought in by hand (a positive control no upstream revert gives) says so,
+        # here and in its README row, and names no PR it would take out.
+        assert not re.findall(r"-pr(\d+)-", path.name)
+        assert "NOT a revert of an upstream PR" in text, path.name
+        assert "| none" in readme_rows(path.parent)[path.name], path.name
+        return
     (number,) = re.findall(r"-pr(\d+)-", path.name)
     assert f"PR #{number}" in text, f"{path.name}: the header should name upstream PR #{number}"
     # The README row points at the same PR as the file name and the header.
