@@ -16,6 +16,10 @@ records what the witness saw (printed under "restore witness" at the end of the 
   hits go one block deeper (its lane is reached), and the witness judges each of those
   restores; on this model they restore valid states with attention's blocks covering them
   (measured);
+- the boundary-copy defect (not an upstream revert: none brought this lane back) with the
+  #46384 revert on 0.28.0: the second turns resume at 2 B from a state over a rejected draft,
+  and the multi-turn lane's witness lights (measured: 29 of 32, the other 3 a state one
+  accepted draft past the boundary);
 - `tiny-needle` on the #51113 revert on 0.28.0, on stock 0.32.0, and with `--inject-fault`:
   what the answer log-prob line (`repro.answer_logprob`) says beside recall on a trained
   model (docs/sensitivity.md has the figures); the injected fault must light it.
@@ -45,15 +49,18 @@ REVERTS = Path(__file__).resolve().parent.parent / "containers" / "reverts"
 CHUNK_RULE_0_27 = REVERTS / "vllm-0.27.0-revert-pr51113-chunk-rule.diff"
 CHUNK_RULE_0_30 = REVERTS / "vllm-0.30.0-revert-pr51113-chunk-rule.diff"
 EAGLE_MARGIN = REVERTS / "vllm-0.26.0-revert-pr46384-mamba-eagle-margin.diff"
+BOUNDARY_COPY = REVERTS / "vllm-0.28.0-defect-mamba-boundary-copy-column.diff"
 TIMEOUT_S = 40 * 60
 
 
 def run_reverted(
-    run_kit, out: Path, version: str, revert: Path | None, arm: str, *args: str
+    run_kit, out: Path, version: str, revert: Path | list[Path] | None, arm: str, *args: str
 ) -> dict:
-    """`python -m repro tiny` on `version` with `revert` applied (None: the stock tree);
-    `args` go to the command line as they are (a profile, `--inject-fault`)."""
-    patch = ["--patch", str(revert)] if revert else []
+    """`python -m repro tiny` on `version` with `revert` applied (None: the stock tree; a
+    list: each, in order); `args` go to the command line as they are (a profile,
+    `--inject-fault`)."""
+    reverts = revert if isinstance(revert, list) else [revert] if revert else []
+    patch = [arg for path in reverts for arg in ("--patch", str(path))]
     proc = run_kit(
         "tiny",
         "--vllm",
@@ -70,9 +77,9 @@ def run_reverted(
     doc = json.loads((out / f"{arm}.json").read_text())
     validate_artifact(doc)
     assert doc["engine"]["vllm_version"] == version
-    assert doc["engine"]["patches"] == (
-        [{"path": revert.name, "sha256": sha256_file(revert)}] if revert else []
-    )
+    assert doc["engine"]["patches"] == [
+        {"path": path.name, "sha256": sha256_file(path)} for path in reverts
+    ]
     regraded = evidence.regrade(doc)
     assert (regraded.status, regraded.gate) == (doc["verdict"]["status"], doc["verdict"]["gate"])
     return doc
@@ -130,6 +137,21 @@ def test_the_eagle_margin_revert_reaches_deeper_hits_and_each_is_judged(
     # Mamba group keeps the block the EAGLE drop gives up, and hits reach 2 B.
     assert max(resumes) >= 2 * b, resumes
     assert all("attention_covers" in r for r in restores(doc))
+
+
+def test_the_boundary_copy_defect_lights_the_multi_turn_witness_on_0_28_0(
+    run_kit, tmp_path, record_property
+):
+    # The defect alone leaves the second turns at 240, a prompt-tail state it never touches;
+    # the #46384 revert takes them to the decode-written block at 2 B.
+    doc = run_reverted(run_kit, tmp_path, "0.28.0", [BOUNDARY_COPY, EAGLE_MARGIN], "multi-turn")
+    section = judged_every_restore(doc)
+    line = f"0.28.0 - boundary copy - #46384: {doc['verdict']['status']}; {section['line']}"
+    record_property("witness", line)
+    print(f"\nrestore witness: {line}; by lane {section['by_lane']}; {doc['verdict']['reason']}")
+    assert section["by_lane"]["multi-turn"] > 0, section
+    rejected = [r for r in restores(doc) if r["kind"] == "rejected-drafts"]
+    assert all(r["draft_state"] and r["state_position"] > r["resume"] for r in rejected), rejected
 
 
 def answer_line(doc: dict, record_property, label: str) -> dict:
