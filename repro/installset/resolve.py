@@ -30,6 +30,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from repro.installset import InstallSetError
 from repro.installset.host import HostEnv, Target
+from repro.venv import installer
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 STUB_LABEL = "installset.host"
@@ -171,17 +172,12 @@ class UvFailed(InstallSetError):
 
 def find_uv(explicit: str | None = None) -> str:
     """``--uv PATH``, else ``uv`` on PATH, else the ``uv`` Python package's binary."""
-    if explicit or (explicit := shutil.which("uv")):
+    if explicit or (explicit := shutil.which("uv")) or (explicit := installer.find_uv()):
         return explicit
-    try:
-        import uv  # type: ignore[import-not-found]
-
-        return uv.find_uv_bin()
-    except (ImportError, FileNotFoundError):
-        raise InstallSetError(
-            "the build resolves with uv, which is not installed here: "
-            f"`{sys.executable} -m pip install uv` (or pass --uv PATH)"
-        ) from None
+    raise InstallSetError(
+        "the build resolves with uv, which is not installed here: "
+        f"`{sys.executable} -m pip install uv` (or pass --uv PATH)"
+    )
 
 
 def uv_platform(target: Target) -> str:

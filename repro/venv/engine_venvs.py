@@ -519,13 +519,9 @@ def _pip(path: Path, *args: str, check: bool = True, tool: Installer | None = No
     result = subprocess.run(cmd, check=False, env=env)
     if check and result.returncode != 0:
         raise EngineEnvError(
-            f"{_name(tool, args)} {' '.join(args)} failed in {path} (exit {result.returncode}); "
+            f"{tool.program(args[0])} {' '.join(args)} failed in {path} (exit {result.returncode}); "
             f"check the package index and find-links settings (pip config list)"
         )
-
-
-def _name(tool: Installer, args: tuple[str, ...]) -> str:
-    return "pip" if tool.name == "pip" or args[:1] == ("download",) else "uv pip"
 
 
 def _pip_shown(

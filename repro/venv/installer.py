@@ -37,6 +37,10 @@ class Installer:
     name: str
     uv: str | None = None
 
+    def program(self, op: str) -> str:
+        """What runs pip's ``op``: "pip", or "uv pip" (uv has no download)."""
+        return "uv pip" if self.name == "uv" and op != "download" else "pip"
+
     def command(
         self, python: Path, op: str, *args: str, environ: dict[str, str] | None = None
     ) -> tuple[list[str], dict[str, str] | None]:
@@ -44,7 +48,7 @@ class Installer:
         (install, uninstall, download) with pip's ``args`` for the environment of ``python``."""
         if op not in ("install", "uninstall", "download"):
             raise ValueError(f"unknown installer operation {op!r}")
-        if self.name == "pip" or op == "download":
+        if self.program(op) == "pip":
             return [str(python), "-m", "pip", op, *args], None
         assert self.uv is not None
         cmd = [self.uv, "pip", op, "--python", str(python)]
