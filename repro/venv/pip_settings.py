@@ -26,7 +26,7 @@ import functools
 import os
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 # The pip options that choose where packages come from; values are pip's names.
 MULTI = ("extra-index-url", "find-links", "constraint", "trusted-host")
@@ -58,7 +58,6 @@ class PipSettings:
     trusted_hosts: tuple[str, ...] = ()
     cert: str | None = None
     timeout: str | None = None
-    raw: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def uv_args(self) -> list[str]:
         """uv pip arguments that select the same package sources."""
@@ -134,7 +133,6 @@ def settings_from(options: dict[str, str]) -> PipSettings:
         trusted_hosts=many("trusted-host"),
         cert=options.get("cert") or None,
         timeout=options.get("default-timeout") or options.get("timeout") or None,
-        raw=dict(options),
     )
 
 
