@@ -147,6 +147,9 @@ def test_arms_are_those_of_the_profile_on_the_conditions_device(tmp_path):
     (on_cpu,) = conditions.load(write(tmp_path, body + 'arms = ["multi-turn"]\n'))
     assert isinstance(on_cpu, BadCondition)
     assert "arms must be a list out of ['cold-race']" in on_cpu.problem
+    (typo,) = conditions.load(write(tmp_path, body + 'device = "gpu"\narms = ["multi-turn"]\n'))
+    assert isinstance(typo, BadCondition)
+    assert "device must be 'cpu' or 'cuda', got 'gpu'" in typo.problem, "the device, not the arms"
 
 
 @pytest.mark.parametrize(

@@ -48,7 +48,7 @@ from repro.core.atomicio import sha256_file
 from repro.core.errors import ReproError
 from repro.fanout import condition_refs
 from repro.fanout.condition_refs import ConditionRefError, EngineSource
-from repro.profiles import PROFILES, NoDeviceVariant, Profile
+from repro.profiles import PROFILES, Profile
 from repro.repeats import MAX_REPEATS
 from repro.venv import engine_venvs, patching
 
@@ -324,14 +324,12 @@ def _condition(
             f"unknown profile {profile!r}; expected one of {', '.join(sorted(PROFILES))}",
             "profile",
         )
+    problem = _device_problem(table, profile)
+    if problem is not None:
+        return bad(*problem)
     # The arms of the profile on the condition's device: the tiny NemotronH runs the
-    # multi-turn arm on CUDA only. A device it has no variant for is reported below.
-    device = table.get("device")
-    on = device if device in DEVICES else PROFILES[profile].device
-    try:
-        known_arms = PROFILES[profile].for_device(on).arms
-    except NoDeviceVariant:
-        known_arms = PROFILES[profile].arms
+    # multi-turn arm on CUDA only.
+    known_arms = PROFILES[profile].for_device(table.get("device") or PROFILES[profile].device).arms
     if not isinstance(arms, list | tuple) or any(a not in known_arms for a in arms):
         return bad(f"arms must be a list out of {list(known_arms)}, got {arms!r}", "arms")
     fault = table.get("inject_fault", False)
@@ -394,12 +392,9 @@ def _condition(
     )
 
 
-def _ref_problem(
-    table: dict[str, Any], ref, vllm: str, patches: list[str], profile: str, base: Path
-) -> tuple[str, str] | None:
-    """What is wrong with a condition's ref, base and device, as (problem, key); None when
+def _device_problem(table: dict[str, Any], profile: str) -> tuple[str, str] | None:
+    """What is wrong with a condition's device for its profile, as (problem, key); None when
     nothing is."""
-    written_base = table.get("base")
     device = table.get("device")
     if device is not None and device not in DEVICES:
         return f"device must be 'cpu' or 'cuda', got {device!r}", "device"
@@ -407,6 +402,16 @@ def _ref_problem(
         PROFILES[profile].for_device(device or PROFILES[profile].device)
     except ReproError as exc:
         return str(exc).replace("drop --device", "drop device"), "device"
+    return None
+
+
+def _ref_problem(
+    table: dict[str, Any], ref, vllm: str, patches: list[str], profile: str, base: Path
+) -> tuple[str, str] | None:
+    """What is wrong with a condition's ref and base, as (problem, key); None when nothing
+    is."""
+    written_base = table.get("base")
+    device = table.get("device")
     if written_base is not None and ref.kind != "pr":
         return (
             f"base = {written_base!r} is only for vllm = 'pr:<N>' (the PR's merge base), found "
