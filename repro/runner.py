@@ -46,7 +46,7 @@ from repro.core.clock import utc_compact, utc_text
 from repro.core.errors import FiguresUnreadable, NotEvidence, ReproError, ValidationUnavailable
 from repro.core.vocabulary import FAULT_ENV
 from repro.engine import cpu_threads, process_vars
-from repro.engine.llm import freeze_long_lived_objects
+from repro.engine.llm import defer_teardowns, freeze_long_lived_objects
 from repro.engine.process_vars import CPU_HOST_VARIABLES, GPU_HOST_VARIABLES
 from repro.profiles import Profile
 from repro.runcontext import FACTS_FILE, EngineFacts, RunContext
@@ -443,6 +443,9 @@ def run_arms_in_this_process(arms: list[str], out_dir: Path) -> NoReturn:
     document says how) and the next arm runs; the parent validates and finishes each record.
     """
     import_s = _import_engine()
+    # This process ends with os._exit below: each engine is torn down only when the next one
+    # boots, and the last one never (docs/measured.md, §GPU hosts).
+    defer_teardowns()
     # The parent sends the arms' contexts once it knows their records can be validated.
     line = sys.stdin.readline()
     if not line:

@@ -115,6 +115,7 @@ class Engine:
         self.dropped_settings: list[str] = []
         self.boot_seconds: float | None = None
         self.shutdown_seconds: float | None = None
+        self._prior_teardown_seconds = 0.0
         self._llm = None
         self._fault_baseline: list[int] | None = None
         # Restored states the fault perturbed in this engine ("applied"), or that its workers'
@@ -155,6 +156,8 @@ class Engine:
             self.settings, self.optional_settings, EngineArgs
         )
         self.applied_settings = applied
+        # A deferred teardown frees the previous engine's memory before this one sizes its own.
+        self._prior_teardown_seconds = finish_deferred_teardown()
         progress.emit("phase", name=f"booting the {self._label} engine")
         started = time.perf_counter()
         try:
@@ -181,14 +184,18 @@ class Engine:
         llm, self._llm = self._llm, None
         if llm is None:
             return
-        try:
-            llm.llm_engine.engine_core.shutdown()
-        except Exception:  # noqa: BLE001 - shutting down a half-dead engine must not mask
-            pass
-        del llm
-        freeze_long_lived_objects()
-        # A phase of its own in the record: on a GPU it is seconds between two engines.
-        self.shutdown_seconds = time.perf_counter() - started
+        if _TEARDOWN["deferred"] and getattr(llm.llm_engine.engine_core, "engine_core", None):
+            # Everything the arm reads from this engine is read by now; its teardown waits for
+            # the next boot, and the process's last engine is never torn down (its os._exit).
+            _TEARDOWN["pending"] = llm
+            del llm
+        else:
+            _shut_down(llm)
+            del llm
+            freeze_long_lived_objects()
+        # A phase of its own in the record: on a GPU it is seconds between two engines. With
+        # teardowns deferred it holds the previous engine's teardown, done before this boot.
+        self.shutdown_seconds = time.perf_counter() - started + self._prior_teardown_seconds
 
     @property
     def llm(self):
@@ -423,6 +430,41 @@ class Engine:
         self.counter_read["steps"] = self._tap.steps
         self.counter_read["missed_by_vllm_metrics"] = (tapped - metrics).as_dict()
         return tapped
+
+
+# Engine teardowns deferred to the next boot (`defer_teardowns`), and the engine waiting.
+_TEARDOWN: dict[str, Any] = {"deferred": False, "pending": None}
+
+
+def defer_teardowns() -> None:
+    """From now on, tear each in-process engine down only when the next one boots.
+
+    For a process that ends with `os._exit` once its records are written (the runner's arm
+    child): the last engine's teardown, seconds on a GPU, then never runs, and the exit frees
+    its memory. Engines with processes of their own (a multiprocess executor) are still torn
+    down at once, so that none outlives the run.
+    """
+    _TEARDOWN["deferred"] = True
+
+
+def finish_deferred_teardown() -> float:
+    """Tear down the engine left waiting, if any; the seconds it took."""
+    llm, _TEARDOWN["pending"] = _TEARDOWN["pending"], None
+    if llm is None:
+        return 0.0
+    started = time.perf_counter()
+    _shut_down(llm)
+    del llm
+    freeze_long_lived_objects()
+    return time.perf_counter() - started
+
+
+def _shut_down(llm) -> None:
+    """The engine's own shutdown; the caller drops its last reference, then collects."""
+    try:
+        llm.llm_engine.engine_core.shutdown()
+    except Exception:  # noqa: BLE001 - shutting down a half-dead engine must not mask
+        pass
 
 
 def freeze_long_lived_objects() -> None:
