@@ -56,6 +56,8 @@ from repro.vllm_plugin.fault_injection import RESTORED_STATE_NOISE
 # The fault --inject-fault installs (the plugin names the faults it knows).
 DEFAULT_FAULT_KIND = RESTORED_STATE_NOISE
 DEFAULT_ARM_TIMEOUT_S = 30 * 60
+# When the parent started the arms' process (its time.monotonic()), for the `start` phase.
+_SPAWNED_AT_ENV = "REPRO_ARMS_SPAWNED_AT"
 
 ARM_RUNNERS = {"cold-race": run_cold_race, "multi-turn": run_multi_turn}
 
@@ -219,6 +221,9 @@ def _run_engine_process(
         cpu_threads.apply(choice, env)
         contexts = {arm: contexts[arm].with_cpu_threads(choice.as_dict()) for arm in contexts}
     cmd = [sys.executable, "-m", "repro", "arms", "--arms", *arms, "--out", str(out_dir)]
+    # The first arm's `start` phase: from here to the child's first line (CLOCK_MONOTONIC is
+    # one clock for every process of the machine).
+    env[_SPAWNED_AT_ENV] = repr(time.monotonic())
     current = arms[0]
     screen.starting(current)
     arm_started = time.monotonic()
@@ -442,7 +447,9 @@ def run_arms_in_this_process(arms: list[str], out_dir: Path) -> NoReturn:
     vLLM is imported once, before the first arm. An arm that fails is recorded as such (its
     document says how) and the next arm runs; the parent validates and finishes each record.
     """
+    start_s = _seconds_since_spawn()
     import_s = _import_engine()
+    setup_started = time.perf_counter()
     # This process ends with os._exit below: each engine is torn down only when the next one
     # boots, and the last one never (docs/measured.md, §GPU hosts).
     defer_teardowns()
@@ -453,12 +460,19 @@ def run_arms_in_this_process(arms: list[str], out_dir: Path) -> NoReturn:
     contexts = {arm: RunContext.from_json(text) for arm, text in json.loads(line).items()}
     # This environment's facts, as every arm records them: taken once, before any engine.
     environment = EngineFacts.here()
+    # The first arm's record carries what the process spent before it: its start, vLLM's
+    # import, and the kit's setup (the collector's freeze, the contexts, the facts).
+    first_phases = {
+        "start": start_s,
+        "import": import_s,
+        "setup": time.perf_counter() - setup_started,
+    }
     for index, arm in enumerate(arms):
         context = contexts[arm].started(utc_text()).with_environment(environment)
         progress.emit("arm", arm=arm, started_at=context.started_at)
         outcome, message = "written", None
         try:
-            phases = {"import": import_s} if index == 0 else {}
+            phases = first_phases if index == 0 else {}
             _run_one_arm(arm, context, out_dir, phases)
         except Exception as exc:  # noqa: BLE001 - e.g. the document could not be written
             traceback.print_exc()
@@ -470,6 +484,15 @@ def run_arms_in_this_process(arms: list[str], out_dir: Path) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def _seconds_since_spawn() -> float:
+    """Seconds since the parent started this process (0 where it did not say when)."""
+    try:
+        spawned = float(os.environ.pop(_SPAWNED_AT_ENV))
+    except (KeyError, ValueError):
+        return 0.0
+    return max(0.0, time.monotonic() - spawned)
 
 
 def _import_engine() -> float:
@@ -510,6 +533,7 @@ def _run_one_arm(arm: str, context: RunContext, out_dir: Path, phases: dict) -> 
         result = ARM_RUNNERS[arm](profile, context.model_path, timer, connector=connector)
         phase = "grading"
         progress.emit("phase", name="grading")
+        grading_started = time.perf_counter()
         verdict = _grade(arm, profile, result)
         record.fill_result(doc, result, verdict, context=context, environment=environment)
         if connector is not None:
@@ -522,6 +546,7 @@ def _run_one_arm(arm: str, context: RunContext, out_dir: Path, phases: dict) -> 
                 context=context,
                 environment=environment,
             )
+        timer.add("grading", time.perf_counter() - grading_started)
         doc["run"]["phases_s"] = {k: round(v, 3) for k, v in timer.seconds.items()}
         _check_fault_active(doc, result)
     except NotEvidence as exc:

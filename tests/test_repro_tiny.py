@@ -177,8 +177,11 @@ def test_b_derived_before_boot_is_the_booted_engines_and_a_mismatch_is_refused(
     _, docs = clean_run
     cold = docs["cold-race"]
     assert cold["run"]["phases_s"]["derive"] > 0
-    # Two engines, each shut down inside the arm: a phase of its own.
+    # The APC engine's teardown before the control's boot: a phase of its own. The first
+    # arm also records its process's start and the kit's setup.
     assert cold["run"]["phases_s"]["shutdown"] > 0
+    assert cold["run"]["phases_s"]["start"] > 0
+    assert cold["run"]["phases_s"]["setup"] > 0
     b = cold["geometry"]["mamba_block_size"]
     assert second_engine["derived"] == b
     assert cold["geometry"]["max_num_batched_tokens"] == round(1.25 * b)
