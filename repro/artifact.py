@@ -20,6 +20,7 @@ import functools
 import json
 import os
 import re
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -112,13 +113,55 @@ def _schema_text(name: str, version: int) -> str:
     return schema_path(name, version).read_text(encoding="utf-8")
 
 
+# Format checkers whose libraries the kit keeps jsonschema from importing: its schemas use
+# none of them (`schema_formats`), and rfc3987_syntax builds 39 grammars at import, 1.4 s of
+# a 1.5 s `import jsonschema` on the development machine (docs/measured.md, §Engine process).
+UNUSED_FORMAT_LIBRARIES = ("rfc3987_syntax",)
+
+
+def _import_validator():
+    """jsonschema's Draft 2020-12 validator, imported without the unused format libraries."""
+    if "jsonschema" in sys.modules:
+        from jsonschema import Draft202012Validator
+
+        return Draft202012Validator
+    # A None entry makes `import` raise ImportError, which jsonschema takes as "not installed"
+    # (it then has no checker for that format); the entries are removed again right after.
+    held = [m for m in UNUSED_FORMAT_LIBRARIES if m not in sys.modules]
+    for module in held:
+        sys.modules[module] = None  # type: ignore[assignment]
+    try:
+        from jsonschema import Draft202012Validator
+    finally:
+        for module in held:
+            del sys.modules[module]
+    return Draft202012Validator
+
+
+def schema_formats(name: str = "run-artifact", version: int = 1) -> set[str]:
+    """Every `format` the schema names, wherever it is nested."""
+    found: set[str] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if isinstance(node.get("format"), str):
+                found.add(node["format"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(load_schema(name, version))
+    return found
+
+
 @functools.cache
 def _validator(name: str, version: int) -> Draft202012Validator:
     # Imported here: with its format checkers jsonschema takes seconds to import, which the
     # engine process (it writes documents, the parent validates them) need not pay
     # (docs/measured.md, §Engine process).
-    from jsonschema import Draft202012Validator
-
+    Draft202012Validator = _import_validator()
     checker = Draft202012Validator.FORMAT_CHECKER
     # jsonschema silently skips formats whose checker library is missing; for date-time that
     # is rfc3339-validator, which the jsonschema[format-nongpl] extra installs.
@@ -127,6 +170,15 @@ def _validator(name: str, version: int) -> Draft202012Validator:
             "jsonschema cannot check the date-time format here, so timestamps would go "
             "unchecked; install the extra: pip install 'jsonschema[format-nongpl]' (on a "
             "host without network: carry its wheels, e.g. rfc3339-validator)"
+        )
+    # Any other format the schema names, so that none goes unchecked without a word (one
+    # whose library `UNUSED_FORMAT_LIBRARIES` holds back would be caught here).
+    unchecked = sorted(schema_formats(name, version) - set(checker.checkers))
+    if unchecked:
+        raise ValidationUnavailable(
+            f"jsonschema cannot check the format(s) {', '.join(unchecked)} that schema "
+            f"{name!r} v{version} uses, so they would go unchecked; install the extra: "
+            "pip install 'jsonschema[format-nongpl]'"
         )
     schema = load_schema(name, version)
     Draft202012Validator.check_schema(schema)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -743,3 +744,40 @@ def test_an_arm_whose_record_fails_validation_keeps_its_figures(tmp_path, monkey
     assert json.loads((out / "cold-race.unvalidated.json").read_text()) == figures
     assert not list(out.glob(".*.partial.json"))
     validate_artifact(json.loads((out / "cold-race.json").read_text()))
+
+
+# In a fresh interpreter: this one imported jsonschema whole at the top of the file.
+HELD_BACK_PROBE = """
+import json, sys
+from pathlib import Path
+from repro import artifact
+from repro.core.errors import ValidationUnavailable
+
+for path in sorted(Path("schemas").glob("*.schema.json")):
+    name, version = path.name.removesuffix(".schema.json").rsplit(".v", 1)
+    artifact._validator(name, int(version))  # each schema's formats are all checked
+checker = artifact._validator("run-artifact", 1).format_checker
+print("imported" if "rfc3987_syntax" in sys.modules else "held-back")
+print("date-time" in checker.checkers, "iri" in checker.checkers)
+artifact.schema_formats = lambda name, version: {"date-time", "iri"}
+artifact._validator.cache_clear()
+try:
+    artifact._validator("run-artifact", 1)
+except ValidationUnavailable as exc:
+    print(exc)
+"""
+
+
+def test_jsonschema_is_imported_without_format_libraries_no_schema_uses():
+    out = subprocess.run(
+        [sys.executable, "-c", HELD_BACK_PROBE],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    held, checked, refused = out.stdout.splitlines()
+    assert held == "held-back", out.stdout
+    assert checked == "True False"
+    # A schema that named a held-back format would be refused, never silently unchecked.
+    assert "cannot check the format(s) iri that schema 'run-artifact' v1 uses" in refused
