@@ -121,6 +121,22 @@ def test_a_copy_made_by_the_postprocess_carries_its_sources_origin(fresh):
     assert w.origins[w.fingerprints.sample(state(), [0]).tolist()[0]].position == 320
 
 
+def test_a_block_of_zeros_is_the_state_over_no_token(fresh):
+    """A never-written block (vLLM allocates states zeroed) copied where a state at the
+    boundary belongs: whatever was credited to it, it is a state at 0."""
+    from repro.vllm_plugin.state_fingerprint import ZEROS
+
+    module, w = fresh
+    s = state()
+    s[5] = 0
+    assert w.fingerprints.of(s, [5]) == [ZEROS]
+    assert w.fingerprints.of(torch.zeros(2, 3, 3, dtype=torch.bfloat16), [1]) == [ZEROS]
+    w.pending = [write(module, 5, 160)]  # credited before the witness took prints first
+    w.harvest(s, {}, overwritten=set())
+    event = w.judge("a", 160, 7, ZEROS)
+    assert (event["kind"], event["state_position"]) == ("stale-position", 0)
+
+
 def test_the_postprocess_wrapper_fingerprints_first_and_never_stops_the_engine(monkeypatch):
     from repro.vllm_plugin import restore_witness as module
 

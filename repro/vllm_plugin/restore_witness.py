@@ -28,7 +28,8 @@ V1 model runner calls once per step before the forward pass in "align" mode:
    between columns, and a copy's destination must carry its source's fingerprint, not be
    credited with what the forward wrote there. Otherwise they are taken at the next call;
 3. at a restore, fingerprint the block the engine reads, ``(num_computed - 1) // B``, and
-   look its origin up. A fingerprint never seen is ``unwitnessed``, never ``valid``.
+   look its origin up. A fingerprint never seen is ``unwitnessed``, never ``valid``; a
+   block of zeros is the state over 0 tokens.
 
 A fingerprint (`repro.vllm_plugin.state_fingerprint`) is exact, so a copy has the
 fingerprint of its source on any platform.
@@ -49,7 +50,7 @@ from .hit_lengths import HITS, SEEN
 from .hit_lengths import install as install_hit_hooks
 from .mamba_batch import RunningColumns, mamba_layers, restoring_requests
 from .prefill_checkpoints import install as install_checkpoint_hook
-from .state_fingerprint import BlockFingerprints
+from .state_fingerprint import ZEROS, BlockFingerprints
 
 logger = logging.getLogger("vllm.repro_kit")
 
@@ -75,6 +76,12 @@ class Origin:
     prefix: int | None  # hash of those tokens (None: not known to the worker yet)
     draft: bool  # computed over at least one draft token
     rejected: bool | None  # a draft among them was rejected (None: never learnt)
+
+
+# A block of zeros holds the state before any token: vLLM allocates the state tensors
+# zeroed, and a sequence with no initial state starts from zeros. A restore that reads one
+# reads a state over 0 tokens (a never-written block copied in, for one).
+ZERO_STATE = Origin(position=0, prefix=None, draft=False, rejected=None)
 
 
 @dataclass
@@ -160,7 +167,7 @@ class Witness:
             self.origins.pop(next(iter(self.origins)))
 
     def judge(self, req_id: str, resume: int, prefix: int | None, fp: int) -> dict[str, Any]:
-        origin = self.origins.get(fp)
+        origin = ZERO_STATE if fp == ZEROS else self.origins.get(fp)
         event: dict[str, Any] = {"request": req_id, "resume": resume}
         hit = HITS.pop(req_id, None)
         if hit is not None and hit[1] is not None:

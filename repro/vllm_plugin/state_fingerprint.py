@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+# The fingerprint of a block of zeros, whatever its size: every sampled word is 0.
+ZEROS = 0
+
 # Words of a block sampled into its fingerprint.
 SAMPLED_WORDS = 2048
 _SEED = 43559
