@@ -20,6 +20,11 @@ records what the witness saw (printed under "restore witness" at the end of the 
   #46384 revert on 0.28.0: the second turns resume at 2 B from a state over a rejected draft,
   and the multi-turn lane's witness lights (measured: 29 of 32, the other 3 a state one
   accepted draft past the boundary);
+- that defect's first version (`-prefill`: every request's boundary copy reads one column
+  too far) on the cold-race arm of 0.28.0: a prefill chunk ending on a block boundary has
+  its running column, the block the cache then serves, overwritten by a never-written
+  column; the hits restore a state of zeros, and the witness must say so (it once credited
+  the copy with the forward's write and called it valid);
 - `tiny-needle` on the #51113 revert on 0.28.0, on stock 0.32.0, and with `--inject-fault`:
   what the answer log-prob line (`repro.answer_logprob`) says beside recall on a trained
   model (docs/sensitivity.md has the figures); the injected fault must light it.
@@ -50,6 +55,7 @@ CHUNK_RULE_0_27 = REVERTS / "vllm-0.27.0-revert-pr51113-chunk-rule.diff"
 CHUNK_RULE_0_30 = REVERTS / "vllm-0.30.0-revert-pr51113-chunk-rule.diff"
 EAGLE_MARGIN = REVERTS / "vllm-0.26.0-revert-pr46384-mamba-eagle-margin.diff"
 BOUNDARY_COPY = REVERTS / "vllm-0.28.0-defect-mamba-boundary-copy-column.diff"
+BOUNDARY_COPY_PREFILL = REVERTS / "vllm-0.28.0-defect-mamba-boundary-copy-prefill.diff"
 TIMEOUT_S = 40 * 60
 
 
@@ -152,6 +158,22 @@ def test_the_boundary_copy_defect_lights_the_multi_turn_witness_on_0_28_0(
     assert section["by_lane"]["multi-turn"] > 0, section
     rejected = [r for r in restores(doc) if r["kind"] == "rejected-drafts"]
     assert all(r["draft_state"] and r["state_position"] > r["resume"] for r in rejected), rejected
+
+
+def test_a_copy_into_the_running_column_lights_the_cold_race_witness_on_0_28_0(
+    run_kit, tmp_path, record_property
+):
+    # The postprocess copies into the column the forward just wrote: the witness takes its
+    # fingerprints before that copy, so the copy resolves to its source, not to the write.
+    doc = run_reverted(run_kit, tmp_path, "0.28.0", BOUNDARY_COPY_PREFILL, "cold-race")
+    section = judged_every_restore(doc)
+    assert "postprocess_mamba_align_gpu" in section["hooks"], section
+    line = f"0.28.0 - boundary copy (prefill): {doc['verdict']['status']}; {section['line']}"
+    record_property("witness", line)
+    print(f"\nrestore witness: {line}; by lane {section['by_lane']}; {doc['verdict']['reason']}")
+    assert section["by_lane"]["cold-race"] > 0, section
+    stale = [r for r in restores(doc) if r["kind"] == "stale-position"]
+    assert all(r["state_position"] < r["resume"] for r in stale), stale
 
 
 def answer_line(doc: dict, record_property, label: str) -> dict:

@@ -102,6 +102,77 @@ def test_blocks_written_over_before_the_harvest_are_not_attributed(fresh):
     assert w.origins == {}
 
 
+def test_a_copy_made_by_the_postprocess_carries_its_sources_origin(fresh):
+    """The align postprocess copies states between columns after the forward: fingerprinted
+    before it, the running column's new content resolves to where it was first written."""
+    module, w = fresh
+    s = state()
+    # An earlier step wrote block 4 with a state over a draft that was then rejected.
+    w.pending = [write(module, 4, 161, drafts=1)]
+    w.take(s)
+    w.harvest(s, {"r0": request(160)}, overwritten=set())
+    # This step's forward writes the running column (block 0) at the boundary, 320 ...
+    w.pending = [write(module, 0, 320)]
+    w.take(s)
+    s[0] = s[4]  # ... and the postprocess then copies block 4 into it.
+    w.harvest(s, {"r0": request(320)}, overwritten={0})  # fingerprinted already: kept
+    event = w.judge("a", 320, 7, w.fingerprints.of(s, [0])[0])
+    assert (event["kind"], event["state_position"]) == ("rejected-drafts", 161)
+    assert w.origins[w.fingerprints.sample(state(), [0]).tolist()[0]].position == 320
+
+
+def test_a_block_of_zeros_is_the_state_over_no_token(fresh):
+    """A never-written block (vLLM allocates states zeroed) copied where a state at the
+    boundary belongs: whatever was credited to it, it is a state at 0."""
+    from repro.vllm_plugin.state_fingerprint import ZEROS
+
+    module, w = fresh
+    s = state()
+    s[5] = 0
+    assert w.fingerprints.of(s, [5]) == [ZEROS]
+    assert w.fingerprints.of(torch.zeros(2, 3, 3, dtype=torch.bfloat16), [1]) == [ZEROS]
+    w.pending = [write(module, 5, 160)]  # credited before the witness took prints first
+    w.harvest(s, {}, overwritten=set())
+    event = w.judge("a", 160, 7, ZEROS)
+    assert (event["kind"], event["state_position"]) == ("stale-position", 0)
+
+
+def test_the_postprocess_wrapper_fingerprints_first_and_never_stops_the_engine(monkeypatch):
+    from repro.vllm_plugin import restore_witness as module
+
+    s = state()
+    w = module.Witness()
+    monkeypatch.setattr(module, "WITNESS", w)
+    monkeypatch.setattr(module, "_BROKEN", [])
+    monkeypatch.setattr(module, "_temporal_state", lambda config, context: (0, 160, s))
+    calls = []
+
+    def postprocess_mamba_align_gpu(*, bufs, kv_cache_config, forward_context):
+        calls.append(list(w.taken))
+        s[0] = s[4]
+
+    fake = SimpleNamespace(postprocess_mamba_align_gpu=postprocess_mamba_align_gpu)
+    assert module._install_postprocess(fake)
+    assert module._install_postprocess(fake)  # idempotent: wrapped once
+    wrapped = fake.postprocess_mamba_align_gpu
+    assert wrapped.__wrapped__ is postprocess_mamba_align_gpu
+    written = s[0].clone()
+    w.pending = [write(module, 0, 320)]
+    wrapped(bufs=None, kv_cache_config=None, forward_context={})
+    assert len(calls[0]) == 1 and w.pending == []  # taken before the copy ran
+    w.harvest(s, {}, overwritten=set())
+    assert w.origins[w.fingerprints.of(written[None], [0])[0]].position == 320
+    assert w.seconds > 0
+    # A failure stops the witness, never the postprocess.
+    monkeypatch.setattr(module, "_temporal_state", lambda config, context: 1 / 0)
+    w.pending = [write(module, 1, 480)]
+    wrapped(bufs=None, kv_cache_config=None, forward_context={})
+    assert len(calls) == 2 and module._BROKEN
+    # A release whose postprocess takes other parameters keeps the harvest at preprocess.
+    assert not module._install_postprocess(SimpleNamespace(postprocess_mamba_align_gpu=len))
+    assert not module._install_postprocess(SimpleNamespace())
+
+
 def test_a_hit_past_attentions_blocks_is_the_hit_length_lane(fresh):
     from repro.vllm_plugin import hit_lengths
 

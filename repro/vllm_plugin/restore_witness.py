@@ -20,11 +20,16 @@ V1 model runner calls once per step before the forward pass in "align" mode:
    position each will hold: the running column ``curr`` holds the state after the step's
    last non-draft token, ``curr + j`` after draft token j (vLLM's spec-decode layout), and
    (vLLM 0.32) a prefill checkpoint column the state at its checkpoint;
-2. before the next call, fingerprint those blocks, now written, and remember each
+2. fingerprint those blocks once the forward has written them, and remember each
    fingerprint's origin (position, prefix tokens, and whether its drafts were accepted:
-   a continuing request's new ``num_computed_tokens`` says how many were);
+   a continuing request's new ``num_computed_tokens`` says how many were). Where the
+   step has an align postprocess (``mamba_utils.postprocess_mamba_align_gpu``, with
+   speculative decoding), the fingerprints are taken right before it: it copies states
+   between columns, and a copy's destination must carry its source's fingerprint, not be
+   credited with what the forward wrote there. Otherwise they are taken at the next call;
 3. at a restore, fingerprint the block the engine reads, ``(num_computed - 1) // B``, and
-   look its origin up. A fingerprint never seen is ``unwitnessed``, never ``valid``.
+   look its origin up. A fingerprint never seen is ``unwitnessed``, never ``valid``; a
+   block of zeros is the state over 0 tokens.
 
 A fingerprint (`repro.vllm_plugin.state_fingerprint`) is exact, so a copy has the
 fingerprint of its source on any platform.
@@ -45,7 +50,7 @@ from .hit_lengths import HITS, SEEN
 from .hit_lengths import install as install_hit_hooks
 from .mamba_batch import RunningColumns, mamba_layers, restoring_requests
 from .prefill_checkpoints import install as install_checkpoint_hook
-from .state_fingerprint import BlockFingerprints
+from .state_fingerprint import ZEROS, BlockFingerprints
 
 logger = logging.getLogger("vllm.repro_kit")
 
@@ -73,6 +78,12 @@ class Origin:
     rejected: bool | None  # a draft among them was rejected (None: never learnt)
 
 
+# A block of zeros holds the state before any token: vLLM allocates the state tensors
+# zeroed, and a sequence with no initial state starts from zeros. A restore that reads one
+# reads a state over 0 tokens (a never-written block copied in, for one).
+ZERO_STATE = Origin(position=0, prefix=None, draft=False, rejected=None)
+
+
 @dataclass
 class Write:
     """A block this step's forward writes, and what it will hold."""
@@ -90,6 +101,9 @@ class Witness:
     def __init__(self) -> None:
         self.origins: dict[int, Origin] = {}
         self.pending: list[Write] = []
+        # Writes fingerprinted before a postprocess, with their fingerprints (a device
+        # tensor: read at the next harvest, so taking them adds no wait for the device).
+        self.taken: list[tuple[list[Write], Any]] = []
         self.events: list[dict[str, Any]] = []
         self.totals = dict.fromkeys(KINDS, 0)
         self.steps = 0
@@ -101,18 +115,33 @@ class Witness:
         self.step_checkpoints: set[tuple[str, int]] = set()
 
     # -- bookkeeping ------------------------------------------------------------------------
+    def take(self, state) -> None:
+        """Fingerprint the blocks the step's forward wrote, before the align postprocess
+        copies states between columns (their origins are remembered at the harvest)."""
+        pending, self.pending = self.pending, []
+        if pending:
+            ids = [w.block_id for w in pending]
+            self.taken.append((pending, self.fingerprints.sample(state, ids)))
+
     def harvest(self, state, requests: dict[str, Any], overwritten: set[int]) -> None:
-        """Fingerprint the blocks the last step wrote and remember their origins.
+        """Remember the origins of the blocks the last step wrote: those fingerprinted
+        before its postprocess, then the rest, fingerprinted now.
 
         `overwritten`: blocks this step's input handling has already written over (zeroed
         or copied into) before this call; what they hold now is not what the forward wrote.
+        A block fingerprinted before the postprocess needs no such care.
         """
+        taken, self.taken = self.taken, []
+        for writes, prints in taken:
+            self._remember(writes, prints.tolist(), requests)
         pending, self.pending = self.pending, []
         pending = [w for w in pending if w.block_id not in overwritten]
-        if not pending:
-            return
-        prints = self.fingerprints.of(state, [w.block_id for w in pending])
-        for write, fp in zip(pending, prints, strict=True):
+        if pending:
+            prints = self.fingerprints.of(state, [w.block_id for w in pending])
+            self._remember(pending, prints, requests)
+
+    def _remember(self, writes: list[Write], prints: list[int], requests: dict[str, Any]):
+        for write, fp in zip(writes, prints, strict=True):
             _trace(
                 step=self.steps,
                 write=write.req_id,
@@ -138,7 +167,7 @@ class Witness:
             self.origins.pop(next(iter(self.origins)))
 
     def judge(self, req_id: str, resume: int, prefix: int | None, fp: int) -> dict[str, Any]:
-        origin = self.origins.get(fp)
+        origin = ZERO_STATE if fp == ZEROS else self.origins.get(fp)
         event: dict[str, Any] = {"request": req_id, "resume": resume}
         hit = HITS.pop(req_id, None)
         if hit is not None and hit[1] is not None:
@@ -259,6 +288,30 @@ def disable(exc: BaseException) -> None:
     _BROKEN.append(repr(exc))
 
 
+def _wrap_postprocess(original):
+    @functools.wraps(original)
+    def postprocess_mamba_align_gpu(*args, **kwargs):
+        started = time.perf_counter()
+        try:
+            _before_postprocess(kwargs)
+        except Exception as exc:  # noqa: BLE001 - a witness must never stop the engine
+            disable(exc)
+        WITNESS.seconds += time.perf_counter() - started
+        return original(*args, **kwargs)
+
+    postprocess_mamba_align_gpu.repro_witness_wrapper = True  # type: ignore[attr-defined]
+    return postprocess_mamba_align_gpu
+
+
+def _before_postprocess(kwargs: dict[str, Any]) -> None:
+    """Fingerprint the forward's writes before the postprocess copies into any of them."""
+    if _BROKEN or not WITNESS.pending:
+        return
+    found = _temporal_state(kwargs["kv_cache_config"], kwargs["forward_context"])
+    if found is not None:
+        WITNESS.take(found[2])
+
+
 def _overwritten(sched: Any) -> set[int]:
     """Blocks the model runner zeroed or copied into for this step before preprocess_mamba
     (vLLM 0.32: freshly allocated blocks, copy-on-write of partial hits)."""
@@ -328,6 +381,22 @@ def _after(bound: dict[str, Any], before) -> None:
             )
 
 
+def _install_postprocess(mamba_utils: Any) -> bool:
+    """Wrap the align-mode postprocess (vLLM 0.26 to 0.32: keyword-only, called by the V1
+    model runner with speculative decoding). Without it, or with other parameters, the
+    witness fingerprints the forward's writes at the next preprocess, as before."""
+    original = getattr(mamba_utils, "postprocess_mamba_align_gpu", None)
+    if original is None:
+        return False
+    params = inspect.signature(original).parameters
+    needed = ("kv_cache_config", "forward_context")
+    if any(n not in params or params[n].kind is not inspect.Parameter.KEYWORD_ONLY for n in needed):
+        return False
+    if not getattr(original, "repro_witness_wrapper", False):
+        mamba_utils.postprocess_mamba_align_gpu = _wrap_postprocess(original)
+    return True
+
+
 def _record_checkpoints(rows: list[int], offsets: list[int], cols: list[int]) -> None:
     """vLLM 0.32's prefill checkpoints: this step's forward also writes the state at
     `num_computed + offset` into column `col` of batch row `row`."""
@@ -393,6 +462,8 @@ def install() -> str | None:
     if not getattr(original, "repro_witness_wrapper", False):
         mamba_utils.preprocess_mamba = _wrap(original)
     hooks = ["preprocess_mamba"]
+    if _install_postprocess(mamba_utils):
+        hooks.append("postprocess_mamba_align_gpu")
     if install_checkpoint_hook(_record_checkpoints, disable):
         hooks.append("prefill checkpoints")
     hooks += [f"KVCacheManager.{name}" for name in install_hit_hooks()]

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+# The fingerprint of a block of zeros, whatever its size: every sampled word is 0.
+ZEROS = 0
+
 # Words of a block sampled into its fingerprint.
 SAMPLED_WORDS = 2048
 _SEED = 43559
@@ -23,18 +26,23 @@ class BlockFingerprints:
         self._sampling: dict[tuple[int, str], tuple[Any, Any]] = {}
 
     def of(self, state, block_ids: list[int]) -> list[int]:
+        if not block_ids:
+            return []
+        return self.sample(state, block_ids).tolist()
+
+    def sample(self, state, block_ids: list[int]):
+        """The fingerprints as a tensor on the state's device (nothing read back yet: the
+        device computes them in stream order, before any later kernel writes the blocks)."""
         # lazy: torch, found only where models are built or engines run
         import torch
 
-        if not block_ids:
-            return []
         ids = torch.tensor(block_ids, dtype=torch.long, device=state.device)
         words = state.index_select(0, ids).reshape(len(block_ids), -1).view(torch.uint8)
         if words.shape[1] % 4 == 0:
             words = words.view(torch.int32)
         idx, weights = self._sample(words.shape[1], state.device)
         sample = words.index_select(1, idx).to(torch.int64)
-        return (sample * weights).sum(dim=1).tolist()
+        return (sample * weights).sum(dim=1)
 
     def _sample(self, width: int, device) -> tuple[Any, Any]:
         key = (width, str(device))
