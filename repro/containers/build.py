@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import configparser
 import json
-import os
 import re
 import shlex
 import shutil
@@ -286,13 +285,10 @@ def render_wheelhouse_context(wheelhouse: Path, dest: Path) -> dict[str, Any]:
 def image_installer(wheelhouse: Path | None, environ: dict[str, str] | None = None) -> str:
     """What installs vLLM in the CPU image: "uv", or "pip" where ``REPRO_INSTALLER=pip`` says
     so or the wheelhouse has no uv wheel of `UV_VERSION` (one made before the image used uv)."""
-    env = os.environ if environ is None else environ
-    wanted = env.get(installer_mod.ENV_VAR, "auto").strip() or "auto"
-    if wanted not in installer_mod.CHOICES:
-        raise BuildError(
-            f"{installer_mod.ENV_VAR} must be one of {', '.join(installer_mod.CHOICES)}; "
-            f"got {wanted!r}"
-        )
+    try:
+        wanted = installer_mod.requested(environ)
+    except installer_mod.InstallerError as exc:
+        raise BuildError(str(exc)) from None
     if wanted == "pip":
         return "pip"
     if wheelhouse is not None and not any(Path(wheelhouse).glob(f"uv-{UV_VERSION}-*.whl")):

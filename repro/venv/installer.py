@@ -91,11 +91,17 @@ def find_uv() -> str | None:
         return None
 
 
-def choose(environ: dict[str, str] | None = None) -> Installer:
-    """uv where `find_uv` finds it, else pip; ``REPRO_INSTALLER`` decides where it is set."""
+def requested(environ: dict[str, str] | None = None) -> str:
+    """What ``REPRO_INSTALLER`` asks for, one of `CHOICES` ("auto" where unset or empty)."""
     wanted = (os.environ if environ is None else environ).get(ENV_VAR, "auto").strip() or "auto"
     if wanted not in CHOICES:
         raise InstallerError(f"{ENV_VAR} must be one of {', '.join(CHOICES)}; got {wanted!r}")
+    return wanted
+
+
+def choose(environ: dict[str, str] | None = None) -> Installer:
+    """uv where `find_uv` finds it, else pip; ``REPRO_INSTALLER`` decides where it is set."""
+    wanted = requested(environ)
     if wanted == "pip":
         return Installer("pip")
     uv = find_uv()
@@ -116,5 +122,6 @@ __all__ = [
     "InstallerError",
     "choose",
     "find_uv",
+    "requested",
     "uv_install_options",
 ]
