@@ -181,18 +181,15 @@ class Engine:
         started = time.perf_counter()
         if self._llm is not None and os.environ.get(FAULT_ENV):
             self._count_faults()
-        llm, self._llm = self._llm, None
-        if llm is None:
+        if self._llm is None:
             return
-        if _TEARDOWN["deferred"] and getattr(llm.llm_engine.engine_core, "engine_core", None):
-            # Everything the arm reads from this engine is read by now; its teardown waits for
-            # the next boot, and the process's last engine is never torn down (its os._exit).
-            _TEARDOWN["pending"] = llm
-            del llm
-        else:
-            _shut_down(llm)
-            del llm
-            freeze_long_lived_objects()
+        deferred = _TEARDOWN["deferred"] and self.in_process
+        # Everything the arm reads from this engine is read by now. Deferred, its teardown
+        # waits for the next boot, and the process's last engine is never torn down (its
+        # os._exit); the engine is then referenced from `_TEARDOWN` alone.
+        _TEARDOWN["pending"], self._llm = self._llm, None
+        if not deferred:
+            finish_deferred_teardown()
         # A phase of its own in the record: on a GPU it is seconds between two engines. With
         # teardowns deferred it holds the previous engine's teardown, done before this boot.
         self.shutdown_seconds = time.perf_counter() - started + self._prior_teardown_seconds
@@ -448,23 +445,19 @@ def defer_teardowns() -> None:
 
 
 def finish_deferred_teardown() -> float:
-    """Tear down the engine left waiting, if any; the seconds it took."""
+    """Tear down the engine left waiting, if any; the seconds it took. Every teardown is
+    this call: at the engine's exit, or deferred to the next boot."""
     llm, _TEARDOWN["pending"] = _TEARDOWN["pending"], None
     if llm is None:
         return 0.0
     started = time.perf_counter()
-    _shut_down(llm)
-    del llm
-    freeze_long_lived_objects()
-    return time.perf_counter() - started
-
-
-def _shut_down(llm) -> None:
-    """The engine's own shutdown; the caller drops its last reference, then collects."""
     try:
         llm.llm_engine.engine_core.shutdown()
     except Exception:  # noqa: BLE001 - shutting down a half-dead engine must not mask
         pass
+    del llm  # the last reference: the collection below frees the engine
+    freeze_long_lived_objects()
+    return time.perf_counter() - started
 
 
 def freeze_long_lived_objects() -> None:
