@@ -138,8 +138,8 @@ def _import_validator():
     return Draft202012Validator
 
 
-def schema_formats(name: str = "run-artifact", version: int = 1) -> set[str]:
-    """Every `format` the schema names, wherever it is nested."""
+def schema_formats(schema: dict[str, Any]) -> set[str]:
+    """Every `format` a schema names, wherever it is nested."""
     found: set[str] = set()
 
     def walk(node: Any) -> None:
@@ -152,7 +152,7 @@ def schema_formats(name: str = "run-artifact", version: int = 1) -> set[str]:
             for value in node:
                 walk(value)
 
-    walk(load_schema(name, version))
+    walk(schema)
     return found
 
 
@@ -173,14 +173,14 @@ def _validator(name: str, version: int) -> Draft202012Validator:
         )
     # Any other format the schema names, so that none goes unchecked without a word (one
     # whose library `UNUSED_FORMAT_LIBRARIES` holds back would be caught here).
-    unchecked = sorted(schema_formats(name, version) - set(checker.checkers))
+    schema = load_schema(name, version)
+    unchecked = sorted(schema_formats(schema) - set(checker.checkers))
     if unchecked:
         raise ValidationUnavailable(
             f"jsonschema cannot check the format(s) {', '.join(unchecked)} that schema "
             f"{name!r} v{version} uses, so they would go unchecked; install the extra: "
             "pip install 'jsonschema[format-nongpl]'"
         )
-    schema = load_schema(name, version)
     Draft202012Validator.check_schema(schema)
     return Draft202012Validator(schema, format_checker=checker)
 
