@@ -208,7 +208,11 @@ def geometry_rule(p):
 
 
 def teardown(p):
-    assert "freeze_long_lived_objects()" in inspect.getsource(engine.Engine.__exit__)
+    # Every teardown is finish_deferred_teardown: at an engine's exit, or before the next boot.
+    assert "finish_deferred_teardown()" in inspect.getsource(engine.Engine.__exit__)
+    assert "finish_deferred_teardown()" in inspect.getsource(engine.Engine.__enter__)
+    finish = inspect.getsource(engine.finish_deferred_teardown)
+    assert finish.index(".shutdown()") < finish.index("freeze_long_lived_objects()")
     collect = inspect.getsource(engine.freeze_long_lived_objects)
     assert collect.index("gc.collect()") < collect.index("gc.freeze()")
     return "shutdown + gc.collect() + gc.freeze()"
