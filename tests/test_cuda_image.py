@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 from folder_server import serve_folder
 from kept_images import remove_unless_kept
+from small_images import import_one_file_image
 
 from repro.containers import cuda
 from repro.containers import labels as label_keys
@@ -266,20 +267,10 @@ def test_a_patch_that_does_not_apply_fails_before_the_build(tmp_path):
 
 @pytest.fixture(scope="module")
 def small_image(docker_client):
-    """A small local image to tag and to create containers from (the kit's Debian base). One
-    made here is removed afterwards, unless REPRO_KEEP_TEST_IMAGES=1 (as test_containers)."""
-    from repro.containers.base import DEFAULT_TAG, UBUNTU_TAG, ensure_base_image
-
-    for tag in (UBUNTU_TAG, DEFAULT_TAG):
-        try:
-            found = docker_client.images.get(tag)
-        except Exception:  # noqa: BLE001 - not here: try the next, or make one
-            continue
-        yield found
-        return
-    made = docker_client.images.get(ensure_base_image(docker_client).id)
+    """A one-file image to tag and to create (not start) containers from: these tests need no
+    operating system in it, so none is built (the Debian base costs a debootstrap, ~100 s)."""
+    made = docker_client.images.get(import_one_file_image(docker_client, "repro-test/small"))
     yield made
-    # By id: another xdist worker (without --dist loadfile) may have made its own.
     remove_unless_kept(docker_client, made.id, force=True)
 
 

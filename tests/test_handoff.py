@@ -20,6 +20,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from small_images import import_one_file_image
 
 from repro.artifact import schema_violations, validate_artifact
 from repro.containers import handoff
@@ -52,15 +53,7 @@ def client():
 def base_tag(client):
     """A one-file image made here with `docker import` (nothing to pull, no debootstrap), so
     the hand-off tests need no other image on the daemon; removed afterwards."""
-    data = b"repro-kit hand-off test image\n"
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        info = tarfile.TarInfo("README")
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-    repository, tag = f"{REPO}-base", uuid.uuid4().hex[:12]
-    client.api.import_image_from_data(buffer.getvalue(), repository=repository, tag=tag)
-    reference = f"{repository}:{tag}"
+    reference = import_one_file_image(client, f"{REPO}-base")
     yield reference
     _remove(client, client.images.get(reference).id)
 
