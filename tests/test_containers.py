@@ -23,6 +23,7 @@ from repro import ladder, runcontext
 from repro.containers import build, pins
 from repro.containers.refs import InvalidRef, parse_vllm_ref
 from repro.core.errors import ReproError
+from repro.venv import pip_settings
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -123,11 +124,11 @@ def test_pip_context_copies_only_needed_wheels_and_drops_local_indexes(tmp_path)
         (links / name).write_bytes(b"wheel")
     constraints = tmp_path / "c.txt"
     constraints.write_text("torch<=2.14.1\n")
-    settings = build.PipSettings(
+    settings = pip_settings.PipSettings(
         index_url="https://pypi.org/simple",
-        extra_index_urls=["file:///opt/pypi/simple", "https://download.pytorch.org/whl/cpu"],
-        find_links=[str(links), "https://example.invalid/links"],
-        constraints=[str(constraints)],
+        extra_index_urls=("file:///opt/pypi/simple", "https://download.pytorch.org/whl/cpu"),
+        find_links=(str(links), "https://example.invalid/links"),
+        constraints=(str(constraints),),
     )
     record = build.render_pip_context(
         settings, tmp_path / "ctx", python_tag="cp311", versions={"torch": "2.13.0+cpu"}
@@ -230,9 +231,9 @@ def test_uv_script_installs_from_pip_conf_sources(tmp_path):
     assert args[args.index("--find-links") + 1] == "/opt/repro-pip/wheels"
     cert = tmp_path / "ca.pem"
     cert.write_text("cert")
-    settings = build.PipSettings(
+    settings = pip_settings.PipSettings(
         index_url="https://pypi.org/simple",
-        extra_index_urls=["https://download.pytorch.org/whl/cpu"],
+        extra_index_urls=("https://download.pytorch.org/whl/cpu",),
         cert=str(cert),
     )
     build.render_pip_context(settings, tmp_path / "online", python_tag="cp311")

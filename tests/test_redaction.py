@@ -20,6 +20,7 @@ from repro.evidence import bundle
 from repro.evidence.runs import EvidenceError
 from repro.profiles import get_profile
 from repro.runcontext import RunContext
+from repro.venv import pip_settings
 
 FIXTURES = Path(__file__).parent / "fixtures" / "runs"
 # Made-up credentials in each format the scanner knows (none of them is real).
@@ -124,10 +125,10 @@ def test_a_crash_record_whose_message_quotes_a_secret_is_masked_not_lost(tmp_pat
 
 
 def test_pip_index_credentials_never_reach_the_image_or_its_record(tmp_path):
-    settings = build.PipSettings(
+    settings = pip_settings.PipSettings(
         index_url="https://builder:s3cr3t-Pa55@pypi.example.org/simple",
-        extra_index_urls=["https://ghp_" + "Z9y8X7w6V5" * 4 + "@wheels.example.org/simple"],
-        find_links=["https://u:pw@links.example.org/"],
+        extra_index_urls=("https://ghp_" + "Z9y8X7w6V5" * 4 + "@wheels.example.org/simple",),
+        find_links=("https://u:pw@links.example.org/",),
     )
     record = build.render_pip_context(settings, tmp_path / "ctx", python_tag="cp311")
     conf = (tmp_path / "ctx" / "pip.conf").read_text()

@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse, urlsplit, urlunsplit
@@ -71,44 +71,8 @@ class BuildError(ReproError):
 
 
 # --- the host's pip configuration ------------------------------------------------------------
-
-
-@dataclass
-class PipSettings:
-    index_url: str | None = None
-    extra_index_urls: list[str] = field(default_factory=list)
-    find_links: list[str] = field(default_factory=list)
-    constraints: list[str] = field(default_factory=list)
-    # A CA bundle: where a proxy re-signs TLS (this machine), the build needs the host's bundle.
-    cert: str | None = None
-
-
-def host_pip_settings(python: str = sys.executable) -> PipSettings:
-    """What pip on this host uses: config files, then PIP_* variables (pip's own order)."""
-    out = subprocess.run(
-        [python, "-m", "pip", "config", "list"], capture_output=True, text=True, check=False
-    ).stdout
-    values: dict[str, tuple[int, str]] = {}
-    rank = {"global": 0, "install": 1, ":env:": 2}
-    for line in out.splitlines():
-        key, sep, raw = line.partition("=")
-        section, _, name = key.rpartition(".")
-        if not sep or section not in rank:
-            continue
-        value = raw.strip().strip("'\"")
-        if name not in values or rank[section] >= values[name][0]:
-            values[name] = (rank[section], value)
-
-    def get(name: str) -> str | None:
-        return values[name][1] if name in values else None
-
-    return PipSettings(
-        index_url=get("index-url"),
-        extra_index_urls=(get("extra-index-url") or "").split(),
-        find_links=(get("find-links") or "").split(),
-        constraints=(get("constraint") or "").split(),
-        cert=get("cert"),
-    )
+# Read by `repro.venv.pip_settings` (engine environments read the same); here it is turned
+# into the image's pip.conf, less what the build cannot reach or must not keep.
 
 
 def _local_path(location: str) -> Path | None:
@@ -128,7 +92,9 @@ def _strip_userinfo(url: str) -> tuple[str, bool]:
     return urlunsplit(parts._replace(netloc=host)), True
 
 
-def _without_credentials(settings: PipSettings) -> tuple[PipSettings, list[dict[str, str]]]:
+def _without_credentials(
+    settings: pip_settings.PipSettings,
+) -> tuple[pip_settings.PipSettings, list[dict[str, str]]]:
     """The settings with credentials taken out of every URL, and a note for each one.
 
     pip.conf is copied into an image layer and its settings into the image record, which
@@ -150,19 +116,18 @@ def _without_credentials(settings: PipSettings) -> tuple[PipSettings, list[dict[
         return stripped
 
     return (
-        PipSettings(
+        replace(
+            settings,
             index_url=clean("index-url", settings.index_url) if settings.index_url else None,
-            extra_index_urls=[clean("extra-index-url", u) for u in settings.extra_index_urls],
-            find_links=[clean("find-links", u) for u in settings.find_links],
-            constraints=list(settings.constraints),
-            cert=settings.cert,
+            extra_index_urls=tuple(clean("extra-index-url", u) for u in settings.extra_index_urls),
+            find_links=tuple(clean("find-links", u) for u in settings.find_links),
         ),
         dropped,
     )
 
 
 def render_pip_context(
-    settings: PipSettings,
+    settings: pip_settings.PipSettings,
     dest: Path,
     *,
     python_tag: str,
@@ -469,7 +434,7 @@ def build_cpu_image(
     vLLM goes in with uv, or pip (`image_installer`). With ``wheelhouse`` (a folder of wheels,
     e.g. from `python -m repro cpu-wheelhouse`) it installs from that folder only
     (``no-index``) and the build has no network at all; without it, from what the host's pip
-    uses (`host_pip_settings`), over the host's network.
+    uses (`repro.venv.pip_settings.read`), over the host's network.
     """
     tag = validate_tag(tag or default_cpu_tag(vllm_version))
     out_dir = Path(out_dir or IMAGES_DIR)
@@ -493,7 +458,7 @@ def build_cpu_image(
             pip_record = render_wheelhouse_context(Path(wheelhouse), context / "pip")
         else:
             pip_record = render_pip_context(
-                host_pip_settings(),
+                pip_settings.read(),
                 context / "pip",
                 python_tag=python_tag,
                 versions={"torch": torch_version} if torch_version else None,
@@ -708,11 +673,9 @@ __all__ = [
     "BuildError",
     "BuildRun",
     "BuiltImage",
-    "PipSettings",
     "build_cpu_image",
     "commit_epoch",
     "cpu_build_args",
-    "host_pip_settings",
     "image_installer",
     "make_cpu_wheelhouse",
     "oci_labels",

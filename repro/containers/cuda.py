@@ -35,7 +35,7 @@ import urllib.error
 import urllib.request
 import zipfile
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,7 @@ from repro.core.atomicio import sha256_file
 from repro.core.errors import ReproError
 from repro.installset.host import Target, python_tag
 from repro.installset.lock import FORMAT, ORIGINS, locked_packages, read_lock
-from repro.venv import patching
+from repro.venv import patching, pip_settings
 
 DOCKERFILE = build_mod.REPO / "containers" / "cuda.Dockerfile"
 DEFAULT_VARIANT = "cu130"
@@ -556,11 +556,13 @@ def _wheel_source(lock, wheelhouse: Path | None, pip_dir: Path, source: VllmSour
                 "dropped": [],
             }
         return
-    settings = build_mod.host_pip_settings()
-    settings.index_url = lock["index_url"]
-    settings.extra_index_urls = [*lock.get("extra_index_urls", []), *source.extra_index_urls]
-    settings.find_links = []
-    settings.constraints = []  # the lock pins every file; the host's caps have no say
+    settings = replace(
+        pip_settings.read(),
+        index_url=lock["index_url"],
+        extra_index_urls=(*lock.get("extra_index_urls", []), *source.extra_index_urls),
+        find_links=(),
+        constraints=(),  # the lock pins every file; the host's caps have no say
+    )
     record = build_mod.render_pip_context(settings, pip_dir, python_tag="", projects=())
     yield record
 
