@@ -285,6 +285,15 @@ def test_offline_install_with_uv_records_uv_and_leaves_no_cache(offline_host, mo
     assert not list(Path.cwd().glob(".cache/uv"))
 
 
+def test_a_wrong_installer_is_refused_also_where_the_environment_exists(offline_host, monkeypatch):
+    monkeypatch.setenv(installer.ENV_VAR, "pip")
+    python, _ = _make(offline_host["kit"])
+    monkeypatch.setenv(installer.ENV_VAR, "conda")
+    with pytest.raises(installer.InstallerError, match="must be one of .*got 'conda'"):
+        engine_venvs.ensure_engine_env("9.9.9", kit_source=offline_host["kit"], log=print)
+    assert python.is_file()
+
+
 def test_pip_when_uv_is_absent_records_pip(offline_host, monkeypatch):
     monkeypatch.delenv(installer.ENV_VAR, raising=False)
     monkeypatch.setattr(installer, "find_uv", lambda: None)  # the finder finds no uv

@@ -49,6 +49,7 @@ from packaging.version import InvalidVersion, Version
 from repro.venv import patching
 from repro.venv.installer import Installer
 from repro.venv.installer import choose as choose_installer
+from repro.venv.installer import requested as requested_installer
 from repro.core.atomicio import sha256_file, write_json_atomic
 from repro.core.errors import ReproError
 
@@ -168,9 +169,12 @@ def ensure_engine_env(
 ) -> Path:
     """Return the python of a ready engine environment, making it if needed.
 
-    Everything is checked before anything is made: the version, each patch, and (for an
-    environment not made yet) that the package index lists the release."""
+    Everything is checked before anything is made: the version, each patch, `REPRO_INSTALLER`
+    (also where the environment exists and nothing will be installed, so that a wrong value
+    is never silently ignored), and (for an environment not made yet) that the package index
+    lists the release."""
     validate_version(version)
+    requested_installer()
     patch_files = [Path(p) for p in patch_files or []]
     for patch in patch_files:
         patching.check_python_only(patch)
