@@ -30,8 +30,8 @@ MEASURED: dict[tuple[str, str], dict[str, float]] = {
     ("tiny-needle", "cpu"): {"cold-race": 8.0, "multi-turn": 8.0},
     # Its CPU profile runs the cold-race arm only (docs/tp4.md).
     ("tiny-nemotron-h", "cpu"): {"cold-race": 0.08},
-    # On an H100, vLLM 0.26.0 with the PR #51113 port, one bare matrix per scale: the
-    # smallest scale tried (0.008 was not run), so the arm's floor may be lower.
+    # On an H100, vLLM 0.26.0 with the PR #51113 port, one bare matrix per scale: 0.08
+    # detected (11 / 0), 0.008 not (0 / 0; docs/sensitivity.md).
     ("tiny-nemotron-h", "cuda"): {"multi-turn": 0.08},
 }
 
