@@ -47,19 +47,26 @@ class EngineFacts:
     patches: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
-    def here(cls) -> EngineFacts:
-        """This interpreter's environment and machine, read now."""
+    def here(cls, *, variables: bool = True) -> EngineFacts:
+        """This interpreter's environment and machine, read now. With ``variables=False`` the
+        environment variables are left out, for `with_variables_now` to read later: the arms'
+        process reads the rest while vLLM imports, and the variables after, since vLLM's
+        import sets some of them."""
         software = machine_facts.collect_software()
         return cls(
             hardware=machine_facts.collect_hardware(),
             software=software,
             location=machine_facts.run_location(image_from_env()),
-            environment=redact_env(),
+            environment=redact_env() if variables else {},
             vllm_version=software["packages"].get("vllm") or "not installed",
             vllm_distribution=software["distributions"].get("vllm") or "vllm",
             vllm_commit=machine_facts.vllm_commit(),
             patches=patching.applied_patches(),
         )
+
+    def with_variables_now(self) -> EngineFacts:
+        """The same facts with the environment variables as they are now."""
+        return dataclasses.replace(self, environment=redact_env())
 
     def in_container(self, image: dict[str, Any] | None) -> EngineFacts:
         """The same facts, located in a container of ``image`` (None: none started)."""

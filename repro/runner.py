@@ -16,6 +16,7 @@ in a fresh engine process: a run never ends without a record per arm.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import queue
@@ -448,6 +449,11 @@ def run_arms_in_this_process(arms: list[str], out_dir: Path) -> NoReturn:
     document says how) and the next arm runs; the parent validates and finishes each record.
     """
     start_s = _seconds_since_spawn()
+    # The machine's facts (nvidia-smi, the installed packages' metadata: 1.5-2.4 s of a GPU
+    # arm's setup, docs/measured.md) are read while vLLM imports.
+    machine = concurrent.futures.ThreadPoolExecutor(max_workers=1).submit(
+        EngineFacts.here, variables=False
+    )
     import_s = _import_engine()
     setup_started = time.perf_counter()
     # This process ends with os._exit below: each engine is torn down only when the next one
@@ -459,7 +465,7 @@ def run_arms_in_this_process(arms: list[str], out_dir: Path) -> NoReturn:
         os._exit(3)  # the parent refused the run (or is gone): nothing to do
     contexts = {arm: RunContext.from_json(text) for arm, text in json.loads(line).items()}
     # This environment's facts, as every arm records them: taken once, before any engine.
-    environment = EngineFacts.here()
+    environment = machine.result().with_variables_now()
     # The first arm's record carries what the process spent before it: its start, vLLM's
     # import, and the kit's setup (the collector's freeze, the contexts, the facts).
     first_phases = {

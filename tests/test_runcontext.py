@@ -42,6 +42,18 @@ def test_an_environment_moved_into_a_container_keeps_its_facts():
     assert moved.hardware == here.hardware and moved.software == here.software
 
 
+def test_the_variables_can_be_read_after_the_machine(monkeypatch):
+    # The arms' process reads the machine while vLLM imports and the variables after, since
+    # the import sets some: a variable set in between is recorded.
+    monkeypatch.delenv("VLLM_SET_BY_THE_IMPORT", raising=False)
+    machine = EngineFacts.here(variables=False)
+    assert machine.environment == {}
+    monkeypatch.setenv("VLLM_SET_BY_THE_IMPORT", "1")
+    facts = machine.with_variables_now()
+    assert facts.environment["VLLM_SET_BY_THE_IMPORT"] == "1"
+    assert facts.hardware == machine.hardware and facts.software == machine.software
+
+
 def test_json_from_another_kit_version_is_refused_by_name():
     data = json.loads(_context().to_json())
     del data["model_path"]
