@@ -467,7 +467,7 @@ def run_arms_in_this_process(arms: list[str], out_dir: Path) -> NoReturn:
     # This environment's facts, as every arm records them: taken once, before any engine.
     environment = machine.result().with_variables_now()
     # The first arm's record carries what the process spent before it: its start, vLLM's
-    # import, and the kit's setup (the collector's freeze, the contexts, the facts).
+    # import, and the kit's setup (the collector's freeze, the contexts, the wait for the facts).
     first_phases = {
         "start": start_s,
         "import": import_s,
