@@ -408,3 +408,14 @@ def test_an_empty_vllm_is_refused_not_taken_for_the_default(root, argv):
         f"0.32.0 (or a 40-hex commit where a CUDA image is built), found {given!r}; leave "
         "--vllm out for the default"
     )
+
+
+def test_an_installer_the_kit_does_not_know_is_refused_before_anything(root, monkeypatch):
+    # Checked before the engine environment is looked up, so also where one exists
+    # (tests/test_installer.py) and nothing would be installed.
+    monkeypatch.setenv("REPRO_INSTALLER", "conda")
+    before = snapshot(root)
+    proc = kit(sys.executable, root, "tiny", "--out", str(root / "out"))
+    assert refused(proc, root, before) == (
+        "error: REPRO_INSTALLER must be one of auto, uv, pip; got 'conda'"
+    )

@@ -181,8 +181,8 @@ def test_b_derived_before_boot_is_the_booted_engines_and_a_mismatch_is_refused(
     # arm also records its process's start and the kit's setup.
     assert cold["run"]["phases_s"]["shutdown"] > 0
     assert cold["run"]["phases_s"]["start"] > 0
-    # Setup may round to 0.000 s: the environment's facts are read while vLLM imports.
-    assert cold["run"]["phases_s"]["setup"] >= 0
+    # Recorded, though it may round to 0.000 s: the facts are read while vLLM imports.
+    assert "setup" in cold["run"]["phases_s"]
     b = cold["geometry"]["mamba_block_size"]
     assert second_engine["derived"] == b
     assert cold["geometry"]["max_num_batched_tokens"] == round(1.25 * b)
