@@ -46,7 +46,7 @@ from repro.core.atomicio import sha256_file, write_json_atomic, write_text_atomi
 from repro.core.clock import utc_compact, utc_text
 from repro.core.errors import FiguresUnreadable, NotEvidence, ReproError, ValidationUnavailable
 from repro.core.vocabulary import FAULT_ENV
-from repro.engine import cpu_threads, process_vars
+from repro.engine import bytecode, cpu_threads, process_vars
 from repro.engine.llm import defer_teardowns, freeze_long_lived_objects
 from repro.engine.process_vars import CPU_HOST_VARIABLES, GPU_HOST_VARIABLES
 from repro.profiles import Profile
@@ -185,13 +185,17 @@ class _EngineOutput(threading.Thread):
 
 def engine_process_env(base, *, device: str, fault_kind: str | None) -> dict[str, str]:
     """The engine process's environment: `base` with the progress stream, the fault switch
-    (vLLM's own processes inherit it) and, on a GPU, the GPU host's settings."""
+    (vLLM's own processes inherit it), on a GPU the GPU host's settings, and a byte-code
+    folder of the kit's where vLLM has none and the host forbids writing it
+    (`repro.engine.bytecode`)."""
     env = dict(base)
     env["PYTHONUNBUFFERED"] = "1"
     env[progress.ENV] = "1"
     # Before vLLM's (and OpenMP's) first import in the engine process; a value the user set
     # is kept.
     process_vars.apply_defaults(GPU_HOST_VARIABLES if device == "cuda" else CPU_HOST_VARIABLES, env)
+    # A vLLM without byte code on a host that forbids writing it compiles at every import.
+    bytecode.apply(env)
     if fault_kind:
         env[FAULT_ENV] = fault_kind
     else:
@@ -509,6 +513,9 @@ def _import_engine() -> float:
     """
     progress.emit("phase", name="importing vLLM")
     engine_venvs.use_own_vllm_cache()
+    if os.environ.get(bytecode.PREFIX_ENV):
+        # One line in the arm's log: where the imports' byte code is read from and written.
+        print(f"[repro] Python's byte code: under {sys.pycache_prefix}", file=sys.stderr)
     started = time.perf_counter()
     # lazy: vllm, found only in an engine environment; and this import is the one timed
     import vllm  # noqa: F401
