@@ -102,47 +102,52 @@ def safetensors(path: Path, header: Any) -> None:
 # --- --override values, by type -------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "item, expected",
-    [
-        (
-            'max_num_seqs="lots"',
-            'error: --override max_num_seqs="lots": vLLM {v}\'s EngineArgs.max_num_seqs takes an '
-            'integer (or null for vLLM\'s default), found the string "lots"; give the value as '
-            "JSON of that type",
-        ),
-        (
-            "max_num_seqs=1.5",
-            "error: --override max_num_seqs=1.5: vLLM {v}'s EngineArgs.max_num_seqs takes an "
-            "integer (or null for vLLM's default), found the number 1.5;",
-        ),
-        (
-            "enable_prefix_caching=maybe",
-            'error: --override enable_prefix_caching="maybe": vLLM {v}\'s '
-            "EngineArgs.enable_prefix_caching takes true or false (or null for vLLM's default), "
-            'found the string "maybe";',
-        ),
-        (
-            "dtype=bf16",
-            'error: --override dtype="bf16": vLLM {v}\'s EngineArgs.dtype takes one of '
-            '"auto", "half", "float16", "bfloat16"',
-        ),
-        (
-            "max_num_seqs=true",
-            "error: --override max_num_seqs=true: vLLM {v}'s EngineArgs.max_num_seqs takes an "
-            "integer (or null for vLLM's default), found true;",
-        ),
-    ],
-)
-def test_an_override_value_of_the_wrong_type_is_refused_before_anything(
-    engine_python, root, item, expected
-):
+# Each wrong value with the refusal it gets. One run of the CLI takes them all (each run
+# imports vLLM to read EngineArgs, 8 s quiet and 20-40 s beside the suite), and its one line
+# must name every one: a field per kind of mistake, the integer field three times over.
+WRONG_TYPES = [
+    (
+        'max_num_seqs="lots"',
+        '--override max_num_seqs="lots": vLLM {v}\'s EngineArgs.max_num_seqs takes an '
+        'integer (or null for vLLM\'s default), found the string "lots";',
+    ),
+    (
+        "max_num_batched_tokens=1.5",
+        "--override max_num_batched_tokens=1.5: vLLM {v}'s EngineArgs.max_num_batched_tokens "
+        "takes an integer (or null for vLLM's default), found the number 1.5;",
+    ),
+    (
+        "enable_prefix_caching=maybe",
+        '--override enable_prefix_caching="maybe": vLLM {v}\'s '
+        "EngineArgs.enable_prefix_caching takes true or false (or null for vLLM's default), "
+        'found the string "maybe";',
+    ),
+    (
+        "dtype=bf16",
+        '--override dtype="bf16": vLLM {v}\'s EngineArgs.dtype takes one of '
+        '"auto", "half", "float16", "bfloat16"',
+    ),
+    (
+        "max_logprobs=true",
+        "--override max_logprobs=true: vLLM {v}'s EngineArgs.max_logprobs takes an "
+        "integer (or null for vLLM's default), found true;",
+    ),
+]
+
+
+def test_override_values_of_the_wrong_type_are_each_refused_before_anything(engine_python, root):
     before = snapshot(root)
-    proc = kit(engine_python, root, "run", "--override", item, "--out", str(root / "out"))
+    args = [a for item, _ in WRONG_TYPES for a in ("--override", item)]
+    proc = kit(engine_python, root, "run", *args, "--out", str(root / "out"))
     line = refused(proc, root, before)
-    # The release is the installed vLLM's, whatever it is.
-    assert re.match(r"\S+".join(map(re.escape, expected.split("{v}"))), line), line
-    assert line.endswith("nothing was started")
+    assert line.startswith("error: --override max_num_seqs="), line
+    for _, expected in WRONG_TYPES:
+        # The release is the installed vLLM's, whatever it is.
+        assert re.search(r"\S+".join(map(re.escape, expected.split("{v}"))), line), expected
+    assert line.endswith(
+        "give the value as JSON of that type (numbers bare, strings in double quotes, true or "
+        "false); nothing was started"
+    ), line
 
 
 def test_overrides_of_the_right_type_pass_the_check(engine_python, root, tmp_path):
