@@ -111,3 +111,35 @@ def test_an_override_this_vllm_does_not_know_is_refused_with_the_nearest_name(ru
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "did you mean enable_prefix_caching?" in proc.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_each_command_loads_its_own_group_and_the_table_says_which(capsys):
+    import importlib
+    import subprocess
+    import sys
+
+    import repro.cli
+
+    owners = {}
+    for name in repro.cli.GROUP_NAMES:
+        for command in importlib.import_module(f"repro.cli.{name}").COMMANDS:
+            owners[command] = name
+    assert repro.cli.COMMAND_GROUPS == owners
+
+    # A command imports its own group, not the others (nor their dependencies).
+    code = (
+        "import sys\n"
+        "from repro.cli import main\n"
+        "try:\n    main(['report', '--help'])\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in sys.modules if m.startswith('repro.cli.')))\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True
+    )
+    assert proc.stdout.strip().splitlines()[-1] == "['repro.cli.evidence']"
+    # Without a command the help lists every group's.
+    with pytest.raises(SystemExit):
+        repro.cli.main(["--help"])
+    listed = capsys.readouterr().out
+    assert all(command in listed for command in owners)

@@ -34,21 +34,53 @@ one line naming it and exit 1; Ctrl-C is exit 130. --debug (or REPRO_DEBUG=1) ad
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import traceback
+from collections.abc import Callable
+from types import ModuleType
 
-from repro.cli import artifacts, engine, evidence, fanout, images, models, run
 from repro.core.errors import ReproError
 
 # Each group of commands is one module of this package, its parsers beside its handlers (for
 # `fanout`: the handlers live in repro.fanout), in the order `python -m repro --help` lists them.
-GROUPS = (run, engine, models, images, artifacts, evidence, fanout)
+GROUP_NAMES = ("run", "engine", "models", "images", "artifacts", "evidence", "fanout")
+# The group of each command, so that a command imports its own group only: all of them take
+# 0.9 s (the fan-out, evidence and image code), which every refusal and every `report` paid
+# (tests/test_cli_refusals.py pins this table to the groups' own COMMANDS).
+COMMAND_GROUPS = {
+    **dict.fromkeys(("tiny", "run", "arms", "sensitivity", "plan"), "run"),
+    **dict.fromkeys(("engine-env", "host-install", "patch", "releases"), "engine"),
+    **dict.fromkeys(("tiny-model", "train-tiny", "fetch-weights", "verify-weights"), "models"),
+    **dict.fromkeys(
+        ("base-image", "build-image", "cpu-wheelhouse", "cuda-lock", "cuda-wheelhouse")
+        + ("image-check", "lock-compare"),
+        "images",
+    ),
+    **dict.fromkeys(("validate", "kit-archive", "kit-digest"), "artifacts"),
+    **dict.fromkeys(
+        ("bundle", "verify", "report", "compare", "export-image", "import-image"), "evidence"
+    ),
+    **dict.fromkeys(("matrix", "matrix-cell", "bisect"), "fanout"),
+}
 
-COMMANDS = {name: handler for group in GROUPS for name, handler in group.COMMANDS.items()}
+# The handlers of the groups loaded so far; an entry set before its group loads stays.
+COMMANDS: dict[str, Callable] = {}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def load_groups(command: str | None = None) -> list[ModuleType]:
+    """The group holding ``command``, or every group (the top-level help, a command the kit
+    does not have: argparse then lists them all)."""
+    names = [COMMAND_GROUPS[command]] if command in COMMAND_GROUPS else list(GROUP_NAMES)
+    groups = [importlib.import_module(f"repro.cli.{name}") for name in names]
+    for group in groups:
+        for name, handler in group.COMMANDS.items():
+            COMMANDS.setdefault(name, handler)
+    return groups
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m repro",
         description=__doc__,
@@ -56,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
-    for group in GROUPS:
+    for group in load_groups(command):
         group.add_parsers(sub)
     # Accepted after the command too (`python -m repro run --debug …`), where users put it.
     for command in sub.choices.values():
@@ -78,7 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     if debug:
         os.environ["REPRO_DEBUG"] = "1"  # the engine processes and `tiny`'s inner run too
     try:
-        args = build_parser().parse_args(argv)
+        # The top-level parser has one flag, --debug: the first other word names the command.
+        command = next((word for word in given if not word.startswith("-")), None)
+        args = build_parser(command).parse_args(given)
         return COMMANDS[args.command](args)
     except ReproError as exc:
         if debug:
