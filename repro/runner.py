@@ -186,7 +186,7 @@ class _EngineOutput(threading.Thread):
 def engine_process_env(base, *, device: str, fault_kind: str | None) -> dict[str, str]:
     """The engine process's environment: `base` with the progress stream, the fault switch
     (vLLM's own processes inherit it), on a GPU the GPU host's settings, and a byte-code
-    folder of the kit's where vLLM has none and the host forbids writing it
+    folder of the kit's where torch has none and the host forbids writing it
     (`repro.engine.bytecode`)."""
     env = dict(base)
     env["PYTHONUNBUFFERED"] = "1"
@@ -194,7 +194,7 @@ def engine_process_env(base, *, device: str, fault_kind: str | None) -> dict[str
     # Before vLLM's (and OpenMP's) first import in the engine process; a value the user set
     # is kept.
     process_vars.apply_defaults(GPU_HOST_VARIABLES if device == "cuda" else CPU_HOST_VARIABLES, env)
-    # A vLLM without byte code on a host that forbids writing it compiles at every import.
+    # A torch without byte code on a host that forbids writing it compiles at every import.
     bytecode.apply(env)
     if fault_kind:
         env[FAULT_ENV] = fault_kind

@@ -1,5 +1,5 @@
 """Where an engine process keeps its byte code (`repro.engine.bytecode`): a real Python
-process imports a package laid out as a bare host's tree is (sources, no byte code)."""
+process imports a package laid out as the lent GPU hosts' torch is (sources, no byte code)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,12 @@ from repro.engine import bytecode
 
 
 def _tree(root: Path, *, compiled: bool = False) -> Path:
-    """A folder with a package named vllm in it, as the install-set tree holds (no byte code)."""
-    package = root / "vllm"
+    """A folder with a package named torch in it, without byte code (as the lent hosts have
+    theirs)."""
+    package = root / "torch"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("VALUE = 1\n")
-    (package / "sub.py").write_text("from vllm import VALUE\nDOUBLE = 2 * VALUE\n")
+    (package / "sub.py").write_text("from torch import VALUE\nDOUBLE = 2 * VALUE\n")
     if compiled:
         init = package / "__init__.py"
         tag = sys.implementation.cache_tag
@@ -27,9 +28,9 @@ def _tree(root: Path, *, compiled: bool = False) -> Path:
 
 
 def _import(env: dict[str, str]) -> str:
-    """`import vllm.sub` in a new Python with ``env``; its verbose import log (`-v`)."""
+    """`import torch.sub` in a new Python with ``env``; its verbose import log (`-v`)."""
     proc = subprocess.run(
-        [sys.executable, "-v", "-c", "import vllm.sub; assert vllm.sub.DOUBLE == 2"],
+        [sys.executable, "-v", "-c", "import torch.sub; assert torch.sub.DOUBLE == 2"],
         env={"PATH": os.environ.get("PATH", ""), **env},
         capture_output=True,
         text=True,
@@ -38,7 +39,7 @@ def _import(env: dict[str, str]) -> str:
     return proc.stderr
 
 
-def test_a_vllm_without_byte_code_on_a_no_write_host_compiles_once_into_the_kits_folder(
+def test_a_torch_without_byte_code_on_a_no_write_host_compiles_once_into_the_kits_folder(
     tmp_path, monkeypatch
 ):
     monkeypatch.setenv("REPRO_CACHE", str(tmp_path / "cache"))
@@ -55,17 +56,17 @@ def test_a_vllm_without_byte_code_on_a_no_write_host_compiles_once_into_the_kits
 
     _import(env)
     # The prefix mirrors each source's absolute path.
-    written = sorted(p.name for p in (prefix / site.relative_to("/") / "vllm").rglob("*.pyc"))
+    written = sorted(p.name for p in (prefix / site.relative_to("/") / "torch").rglob("*.pyc"))
     tag = sys.implementation.cache_tag
     assert written == [f"__init__.{tag}.pyc", f"sub.{tag}.pyc"]
-    assert not (site / "vllm" / "__pycache__").exists()  # the host's folders stay as they were
+    assert not (site / "torch" / "__pycache__").exists()  # the host's folders stay as they were
 
     # The next process reads it instead of compiling.
     second = _import(env)
     assert f"code object from '{prefix}" in second, second[-2000:]
 
 
-def test_nothing_changes_where_python_may_write_vllm_has_byte_code_or_the_user_chose(
+def test_nothing_changes_where_python_may_write_torch_has_byte_code_or_the_user_chose(
     tmp_path, monkeypatch
 ):
     monkeypatch.setenv("REPRO_CACHE", str(tmp_path / "cache"))
@@ -75,18 +76,18 @@ def test_nothing_changes_where_python_may_write_vllm_has_byte_code_or_the_user_c
         ({}, bare),  # Python may write beside the sources
         ({"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": "/theirs"}, bare),
         ({"PYTHONDONTWRITEBYTECODE": "1"}, compiled),  # byte code at hand: nothing to gain
-        ({"PYTHONDONTWRITEBYTECODE": "1"}, [str(tmp_path / "empty")]),  # no vLLM there
+        ({"PYTHONDONTWRITEBYTECODE": "1"}, [str(tmp_path / "empty")]),  # no torch there
     ]
     for env, path in cases:
         before = dict(env)
         assert bytecode.apply(env, path) is None, (env, path)
         assert env == before
-    assert bytecode.has_bytecode("vllm", bare) is False
-    assert bytecode.has_bytecode("vllm", compiled) is True
-    assert bytecode.has_bytecode("vllm", [str(tmp_path / "empty")]) is None
+    assert bytecode.has_bytecode("torch", bare) is False
+    assert bytecode.has_bytecode("torch", compiled) is True
+    assert bytecode.has_bytecode("torch", [str(tmp_path / "empty")]) is None
 
 
-def test_the_engine_process_env_applies_the_rule_to_this_pythons_vllm(tmp_path, monkeypatch):
+def test_the_engine_process_env_applies_the_rule_to_this_pythons_torch(tmp_path, monkeypatch):
     monkeypatch.setenv("REPRO_CACHE", str(tmp_path / "cache"))
     site = _tree(tmp_path / "site")
     monkeypatch.setattr(sys, "path", [str(site), *sys.path])

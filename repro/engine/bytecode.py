@@ -1,16 +1,21 @@
 """Where an engine process keeps Python's byte code, on a host that forbids writing it.
 
 Python compiles a module's source at every import unless a `.pyc` of it is at hand. The kit's
-engine environments and images are installed with byte code (`repro.venv.installer`). A bare
-GPU host's install-set tree is not (`repro.installset.install`), and the lent GPU hosts set
-``PYTHONDONTWRITEBYTECODE=1`` and ship torch without byte code: there every engine process
-compiled torch, vLLM and transformers again, and vLLM's import took 17 s instead of 9.3 s
-(docs/measured.md, §GPU hosts).
+engine environments and images are installed with byte code (`repro.venv.installer`). The
+lent GPU hosts set ``PYTHONDONTWRITEBYTECODE=1`` and ship torch without byte code, and the
+install-set tree that brings vLLM has none either (`repro.installset.install`): there every
+engine process compiled torch, vLLM and transformers again, and vLLM's import took 17 s
+instead of 9.3 s (docs/measured.md, §GPU hosts).
 
-So where this Python's vLLM has no byte code and the host forbids writing it, the engine
-process writes it under a folder of the kit's cache instead (``PYTHONPYCACHEPREFIX``): no
-folder of the host's is written, the first engine compiles, the later ones read. A prefix the
-user set stands, and nothing changes where vLLM has byte code or Python may write it.
+So where this Python's torch has no byte code and the host forbids writing it, the engine
+process writes its byte code under a folder of the kit's cache instead
+(``PYTHONPYCACHEPREFIX``): no folder of the host's is written, the first engine compiles, the
+later ones read. Keyed on torch, the largest of an engine's imports and always the host's
+own on a bare host: where torch has byte code beside it, the prefix (under which Python looks
+nowhere else) makes the first engine compile torch again, which a few engines on one tree do
+not win back (the bare-host matrix test of three engines took 220 s that way against 170 s
+before, one CI run each on the 2-core build machine).
+A prefix the user set stands, and nothing changes where Python may write its byte code.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ def default_prefix() -> Path:
     return cache_root() / "bytecode"
 
 
-def has_bytecode(package: str = "vllm", search_path: Sequence[str] | None = None) -> bool | None:
+def has_bytecode(package: str, search_path: Sequence[str] | None = None) -> bool | None:
     """Whether ``package``'s ``__init__`` has byte code beside it (None: not found). Finds the
     package on ``search_path`` (default ``sys.path``) without importing it."""
     spec = importlib.machinery.PathFinder.find_spec(package, search_path)
@@ -46,7 +51,7 @@ def prefix_for(env: Mapping[str, str], search_path: Sequence[str] | None = None)
     Python's own choice."""
     if env.get(PREFIX_ENV) or not env.get(NO_WRITE_ENV):
         return None
-    if has_bytecode("vllm", search_path) is not False:
+    if has_bytecode("torch", search_path) is not False:
         return None
     return default_prefix()
 
