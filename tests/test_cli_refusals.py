@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import importlib
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+import repro.cli
 from repro.cli import main
 
 
@@ -114,12 +118,6 @@ def test_an_override_this_vllm_does_not_know_is_refused_with_the_nearest_name(ru
 
 
 def test_each_command_loads_its_own_group_and_the_table_says_which(capsys):
-    import importlib
-    import subprocess
-    import sys
-
-    import repro.cli
-
     owners = {}
     for name in repro.cli.GROUP_NAMES:
         for command in importlib.import_module(f"repro.cli.{name}").COMMANDS:
