@@ -513,7 +513,7 @@ def _import_engine() -> float:
     """
     progress.emit("phase", name="importing vLLM")
     engine_venvs.use_own_vllm_cache()
-    if os.environ.get(bytecode.PREFIX_ENV):
+    if sys.pycache_prefix:
         # One line in the arm's log: where the imports' byte code is read from and written.
         print(f"[repro] Python's byte code: under {sys.pycache_prefix}", file=sys.stderr)
     started = time.perf_counter()

@@ -42,6 +42,8 @@ def has_bytecode(package: str, search_path: Sequence[str] | None = None) -> bool
     if spec is None or not spec.origin or not spec.origin.endswith(".py"):
         return None
     source = Path(spec.origin)
+    # Beside the source, not importlib.util.cache_from_source: that follows this process's
+    # own prefix, and the question is what the engine process would find without one.
     compiled = source.parent / "__pycache__" / f"{source.stem}.{sys.implementation.cache_tag}.pyc"
     return compiled.is_file()
 
