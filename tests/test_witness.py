@@ -2,7 +2,7 @@
 
 The engine-side bookkeeping (`repro.vllm_plugin.restore_witness`) is driven here with real
 torch state tensors and plain request objects; the engine tests (test_repro_tiny.py,
-test_real_bug_vllm_cpu_026.py, test_reverts.py) check it inside vLLM.
+test_bare_host.py, test_reverts.py) check it inside vLLM.
 """
 
 from __future__ import annotations
