@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from repro.engine import cpu_threads, suite_workers
+from repro.engine import cpu_threads, suite_order, suite_workers
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -87,6 +87,17 @@ def docker_client():
         if os.environ.get("REPRO_REQUIRE_DOCKER") == "1":
             pytest.fail(f"REPRO_REQUIRE_DOCKER=1 but {exc}")
         pytest.skip(str(exc))
+
+
+# Each file's seconds in a measured run: the longest files go to the workers first
+# (`repro.engine.suite_order`).
+FILE_SECONDS = Path(__file__).resolve().parent / "file_seconds.json"
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    items[:] = suite_order.in_order(
+        items, suite_order.read_seconds(FILE_SECONDS), file_of=lambda item: item.path.name
+    )
 
 
 # Figures the engine tests record (`record_property` key -> the section they are printed in).

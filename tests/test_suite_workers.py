@@ -26,7 +26,7 @@ def stat_text(*cores: tuple[int, int]) -> str:
 def test_one_worker_per_free_core_and_one_more_each_with_its_share():
     three = suite_workers.choose([], {}, allowed=[0, 1], shares=QUIET, memory=22 * GIB)
     assert (three.workers, three.threads_each) == (3, 1), three
-    assert three.xdist_args == ["-n", "3", "--dist", "loadfile"]
+    assert three.xdist_args == ["-n", "3", "--dist", "loadfile", "--no-loadscope-reorder"]
     assert three.env == {CAP: "1"}
     assert three.line() == (
         "3 pytest worker(s), 1 engine thread(s) each (2 of 2 core(s) free, memory for 5)"
@@ -81,7 +81,8 @@ def test_the_users_count_wins_and_splits_the_free_cores():
     assert auto.workers == 4
     env = {suite_workers.WORKERS_ENV: "3"}
     by_env = suite_workers.choose([], env, allowed=[0, 1], shares=QUIET, memory=22 * GIB)
-    assert by_env.xdist_args == ["-n", "3", "--dist", "loadfile"] and by_env.threads_each == 1
+    assert by_env.xdist_args == ["-n", "3", *suite_workers.DISTRIBUTION]
+    assert by_env.threads_each == 1
     assert by_env.why.startswith("REPRO_TEST_WORKERS=3")
 
 

@@ -34,8 +34,10 @@ WORKER_MEMORY_BYTES = cpu_threads.ENGINE_MEMORY_BYTES
 # does (cpu_threads.SAMPLE_S, 0.25 s): 200 ticks a core at Linux's 100 Hz instead of 25, so a
 # burst of nox's own pip or the daemons starting does not take a core from the whole run.
 SAMPLE_S = 2.0
-# Whole files to a worker: a file's module-scoped engine runs are made once.
-DISTRIBUTION = ["--dist", "loadfile"]
+# Whole files to a worker: a file's module-scoped engine runs are made once. In the order the
+# conftest gives them (the longest first, `repro.engine.suite_order`), not xdist's own (the
+# files of most tests first).
+DISTRIBUTION = ["--dist", "loadfile", "--no-loadscope-reorder"]
 
 
 @dataclass(frozen=True)
