@@ -5,9 +5,10 @@ a measured run, so that no long file starts last and runs alone while the other 
 time, in the order the files are collected. xdist's own default (`--loadscope-reorder`) puts
 the files with the most tests first, which put the files of a few long engine tests last: in
 a CI run from nothing one worker ran alone for its last 100 s
-(docs/measured.md, §The test suite). So the suite turns that off (`repro.engine.suite_workers.DISTRIBUTION`) and its
-conftest orders the files here, longest first; a file with no measured figure (a new one)
-comes after the measured ones, in collection order. Within a file the order stays as written.
+(docs/measured.md, §The test suite). So the suite turns that off
+(`repro.engine.suite_workers.DISTRIBUTION`) and its conftest orders the files here, longest
+first; a file with no measured figure (a new one) comes after the measured ones, in
+collection order. Within a file the order stays as written.
 
 The figures are tests/file_seconds.json, made from a JUnit report of a whole run:
 `python -m repro.engine.suite_order REPORT.xml > tests/file_seconds.json`.
