@@ -176,15 +176,16 @@ def _engines_main(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     import gc
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    import vllm  # noqa: F401 - imported before the freeze, as the kit's engine process does
+
     from repro.engine.llm import freeze_long_lived_objects
 
+    freeze_long_lived_objects()  # as the kit's engine process: a boot's collections skip vLLM
     results: list[dict[str, Any]] = []
     for index, config in enumerate(configs):
         assert not any(c.get("reference_copy_paths") for c in configs[:index]), configs
         if config.get("requests") == "replay":
             config = {**config, "requests": _replay(results[0])}
-        if index == 0:
-            freeze_long_lived_objects()  # as the kit's engine process: boots skip vLLM's heap
         results.append(_engine_main(config))
         gc.collect()  # the engine is gone before the next one sizes its memory
     return results
