@@ -47,6 +47,17 @@ def test_the_seconds_come_from_a_junit_report(tmp_path):
     assert suite_order.main([]) == 2
 
 
+def test_a_report_that_is_missing_or_not_xml_is_one_line_and_exit_2(tmp_path, capsys):
+    assert suite_order.main([str(tmp_path / "none.xml")]) == 2
+    (bad := tmp_path / "bad.xml").write_text("<testsuites")
+    assert suite_order.main([str(bad)]) == 2
+    said = capsys.readouterr()
+    assert said.out == ""
+    lines = said.err.splitlines()
+    assert len(lines) == 2 and all(line.startswith("error: expected a JUnit XML") for line in lines)
+    assert "none.xml" in lines[0] and "bad.xml" in lines[1]
+
+
 def test_a_missing_figures_file_orders_nothing(tmp_path):
     assert suite_order.read_seconds(tmp_path / "none.json") == {}
 

@@ -66,7 +66,16 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m repro.engine.suite_order REPORT.xml", file=sys.stderr)
         return 2
-    print(json.dumps(seconds_from_junit(Path(argv[0])), indent=1))
+    try:
+        seconds = seconds_from_junit(Path(argv[0]))
+    except (OSError, ET.ParseError) as exc:
+        print(
+            f"error: expected a JUnit XML report (pytest --junitxml=FILE), could not read "
+            f"{argv[0]}: {exc}",
+            file=sys.stderr,
+        )
+        return 2
+    print(json.dumps(seconds, indent=1))
     return 0
 
 
